@@ -1,0 +1,68 @@
+"""The Starlette application factory; its lifespan owns the service's task group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from api.auth import KeyRing, load_keys
+from api.errors import error_response
+from api.metrics import Metrics
+from api.routes import Routes
+from api.service import Service
+from api.settings import Settings
+
+log = logging.getLogger("batchgate.app")
+
+
+def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> Starlette:
+    """Build the app; the workers start (and are waited for) in the lifespan."""
+    metrics = Metrics()
+    service = Service(settings, metrics, gpus=gpus)
+    routes = Routes(service, keys or load_keys(settings.keys, settings.admin_key), metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tg:
+            await tg.start(service.run)
+            yield
+            log.info("draining")
+            await service.drain()
+            tg.cancel_scope.cancel()
+        log.info("stopped")
+
+    app = Starlette(
+        routes=[
+            Route("/v1/batchstring", routes.batchstring, methods=["POST"]),
+            Route("/healthz", routes.healthz, methods=["GET"]),
+            Route("/readyz", routes.readyz, methods=["GET"]),
+            Route("/metrics", routes.metrics_text, methods=["GET"]),
+            Route("/admin/workers", routes.admin_workers, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unhandled error", exc_info=exc)
+    return error_response(500, "internal", "internal error")
+
+
+__all__ = ["create_app"]

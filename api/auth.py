@@ -1,0 +1,87 @@
+"""API keys -> tier and account, from a TOML keys file (see examples/keys.toml)."""
+
+from __future__ import annotations
+
+import hmac
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from batcher import Tier
+
+ANONYMOUS_ACCOUNT = "anonymous"
+
+
+class Unauthorized(Exception):
+    """The request named a key that is not in the keys file, or needs one and has none."""
+
+
+class KeysFileError(ValueError):
+    """The keys file is malformed; the message says where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    tier: Tier
+    account: str
+    key: str | None  # None for anonymous requests
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRing:
+    keys: dict[str, Principal]
+    admin_keys: frozenset[str]
+    anonymous: bool = True
+
+    def identify(self, authorization: str | None) -> Principal:
+        """Map an Authorization header to a principal; raise Unauthorized."""
+        if not authorization:
+            if self.anonymous:
+                return Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)
+            raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+        principal = self.keys.get(token.strip())
+        if principal is None:
+            raise Unauthorized("unknown API key")
+        return principal
+
+    def is_admin(self, authorization: str | None) -> bool:
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        return scheme.lower() == "bearer" and any(
+            hmac.compare_digest(token, k) for k in self.admin_keys
+        )
+
+
+def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
+    """Read a keys file; without one, everyone is anonymous free tier."""
+    admins = {admin_key} if admin_key else set()
+    if path is None:
+        return KeyRing({}, frozenset(admins))
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise KeysFileError(f"keys file {path}: {exc}") from exc
+    keys: dict[str, Principal] = {}
+    for n, entry in enumerate(data.get("keys", []), start=1):
+        key, tier, account = entry.get("key"), entry.get("tier"), entry.get("account")
+        if not isinstance(key, str) or not key:
+            raise KeysFileError(f"keys file {path}: keys entry {n} has no 'key'")
+        if tier not in ("paid", "free"):
+            raise KeysFileError(f"keys file {path}: key entry {n}: tier must be paid or free")
+        if key in keys:
+            raise KeysFileError(f"keys file {path}: key entry {n} repeats a key")
+        keys[key] = Principal(Tier[tier.upper()], str(account or key), key)
+    admin = data.get("admin", {}).get("keys", [])
+    if not isinstance(admin, list) or not all(isinstance(k, str) and k for k in admin):
+        raise KeysFileError(f"keys file {path}: admin.keys must be a list of strings")
+    anonymous = data.get("anonymous", True)
+    if not isinstance(anonymous, bool):
+        raise KeysFileError(f"keys file {path}: anonymous must be true or false")
+    return KeyRing(keys, frozenset(admins | set(admin)), anonymous)
+
+
+__all__ = ["ANONYMOUS_ACCOUNT", "KeyRing", "KeysFileError", "Principal", "Unauthorized",
+           "load_keys"]

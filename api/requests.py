@@ -1,0 +1,109 @@
+"""Parsing and validating a `POST /v1/batchstring` body, and the waiter for its answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+import orjson
+
+from api.errors import ApiError
+from batcher import Item
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_inputs: int
+    max_input_chars: int
+    max_body_bytes: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    texts: list[str]
+    single: bool  # {"input": s} rather than {"inputs": [...]}
+
+
+def parse_body(body: bytes, limits: Limits) -> ParsedRequest:
+    """Validate a request body; raise ApiError (400 malformed, 413 too large, 422 invalid)."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    model = data.get("model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise ApiError(400, "invalid_request", "'model' must be a string")
+        if model != limits.model:
+            raise ApiError(422, "unknown_model", f"this server runs model {limits.model!r}")
+    if ("input" in data) == ("inputs" in data):
+        raise ApiError(400, "invalid_request", "give exactly one of 'input' or 'inputs'")
+    if "input" in data:
+        text = data["input"]
+        if not isinstance(text, str):
+            raise ApiError(400, "invalid_request", "'input' must be a string")
+        _check_length(text, limits)
+        return ParsedRequest([text], single=True)
+    texts = data["inputs"]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "invalid_request", "'inputs' must be a list of strings")
+    if not texts:
+        raise ApiError(422, "empty_inputs", "'inputs' must hold at least one string")
+    if len(texts) > limits.max_inputs:
+        raise ApiError(
+            422, "too_many_inputs", f"'inputs' holds at most {limits.max_inputs} strings"
+        )
+    for text in texts:
+        _check_length(text, limits)
+    return ParsedRequest(texts, single=False)
+
+
+def _check_length(text: str, limits: Limits) -> None:
+    if len(text) > limits.max_input_chars:
+        raise ApiError(
+            413, "input_too_large", f"each input holds at most {limits.max_input_chars} chars"
+        )
+
+
+def parse_timeout(header: str | None, default: float, maximum: float) -> float:
+    """Seconds from X-Request-Timeout-Ms, defaulted and capped; 400 if unreadable."""
+    if header is None:
+        return default
+    try:
+        ms = float(header)
+    except ValueError:
+        raise ApiError(400, "invalid_timeout", "X-Request-Timeout-Ms must be a number") from None
+    if not ms > 0:
+        raise ApiError(400, "invalid_timeout", "X-Request-Timeout-Ms must be positive")
+    return min(ms / 1000, maximum)
+
+
+class PendingRequest:
+    """The sink for one request's items: collates outputs in order, wakes the handler once
+    every item is answered or the first one fails."""
+
+    __slots__ = ("done", "error", "outputs", "remaining")
+
+    def __init__(self, n: int) -> None:
+        self.outputs: list[str] = [""] * n
+        self.remaining = n
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+
+    def item_done(self, item: Item, result: str | BaseException) -> None:
+        if self.done.is_set():
+            return
+        if isinstance(result, BaseException):
+            self.error = result
+            self.done.set()
+            return
+        self.outputs[item.index] = result
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.done.set()
+
+
+__all__ = ["Limits", "ParsedRequest", "PendingRequest", "parse_body", "parse_timeout"]

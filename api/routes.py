@@ -1,0 +1,127 @@
+"""HTTP handlers. Each validates, hands items to the batcher and awaits their answers; none
+ever touches a worker."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+
+import anyio
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.auth import KeyRing, Principal
+from api.errors import ApiError, error_response, to_api_error
+from api.metrics import Metrics
+from api.requests import Limits, PendingRequest, parse_body, parse_timeout
+from api.service import Service
+from batcher import DeadlineExceeded, Item
+
+JSON = "application/json"
+
+
+class Routes:
+    def __init__(self, service: Service, keys: KeyRing, metrics: Metrics) -> None:
+        self.service = service
+        self.keys = keys
+        self.metrics = metrics
+        s = service.settings
+        self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
+
+    async def batchstring(self, request: Request) -> Response:
+        started = time.perf_counter()
+        tier = "unknown"
+        try:
+            principal = self.keys.identify(request.headers.get("authorization"))
+            tier = principal.tier.name.lower()
+            response = await self._serve(request, principal)
+        except Exception as exc:  # translated at the boundary, never a traceback
+            err = to_api_error(exc)
+            response = error_response(err.status, err.code, err.message, err.headers)
+        self.metrics.requests.labels(tier, str(response.status_code)).inc()
+        self.metrics.duration.labels(tier).observe(time.perf_counter() - started)
+        return response
+
+    async def _serve(self, request: Request, principal: Principal) -> Response:
+        body = await _read_body(request, self.limits.max_body_bytes)
+        parsed = parse_body(body, self.limits)
+        s = self.service.settings
+        timeout = parse_timeout(
+            request.headers.get("x-request-timeout-ms"),
+            s.request_timeout_ms / 1000,
+            s.max_request_timeout_ms / 1000,
+        )
+        pending = PendingRequest(len(parsed.texts))
+        now = self.service.clock.now()
+        items = self.service.new_items(parsed.texts, principal.tier, now, timeout, pending)
+        batcher = self.service.batcher
+        try:
+            for item in items:
+                batcher.put_nowait(item)
+            with anyio.move_on_after(timeout):
+                await pending.done.wait()
+        finally:
+            if not pending.done.is_set() or pending.error is not None:
+                for item in items:
+                    batcher.cancel(item)
+        if pending.error is not None:
+            raise pending.error
+        if not pending.done.is_set():
+            raise DeadlineExceeded("the request's deadline passed before it was answered")
+        return self._answer(parsed.single, pending, items, principal)
+
+    def _answer(
+        self, single: bool, pending: PendingRequest, items: list[Item], principal: Principal
+    ) -> Response:
+        rid = os.urandom(8).hex()
+        payload = (
+            {"id": rid, "output": pending.outputs[0]}
+            if single
+            else {"id": rid, "outputs": pending.outputs}
+        )
+        queue = max(i.dispatched - i.arrived for i in items)
+        wait = self.metrics.queue_wait.labels(principal.tier.name.lower())
+        for item in items:
+            wait.observe(item.dispatched - item.arrived)
+        batch = self.service.clock.now() - min(i.dispatched for i in items)
+        timing = f"queue;dur={queue * 1000:.1f}, batch;dur={batch * 1000:.1f}"
+        return Response(
+            orjson.dumps(payload), media_type=JSON, headers={"Server-Timing": timing}
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type=JSON)
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.service.ready()
+        body = {"ready": ready, "workers_ready": self.service.pool.ready_count(),
+                "draining": self.service.draining}
+        return Response(orjson.dumps(body), status_code=200 if ready else 503, media_type=JSON)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def admin_workers(self, request: Request) -> Response:
+        if not self.keys.is_admin(request.headers.get("authorization")):
+            return error_response(401, "unauthorized", "an admin key is required")
+        workers = [asdict(w) for w in self.service.workers()]
+        return Response(orjson.dumps({"workers": workers}), media_type=JSON)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "body_too_large", f"the body is limited to {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "body_too_large", f"the body is limited to {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+__all__ = ["Routes"]

@@ -1,0 +1,36 @@
+"""Tier queues, the flush policy and the loop that cuts batches when a worker is free.
+
+Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure flush
+decision, the batching loop, admission control and the injected clock.
+"""
+
+from batcher.batcher import Batcher, BatcherStatistics, Closed, Workers
+from batcher.clock import Clock, LoopClock, MonotonicClock
+from batcher.errors import BatchgateError, DeadlineExceeded, Overloaded, QueueFull
+from batcher.policy import FlushPolicy
+from batcher.queues import QueueStatistics, TierQueues
+from batcher.types import MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
+
+__all__ = [
+    "MAX_BATCH",
+    "Batcher",
+    "BatcherStatistics",
+    "BatchgateError",
+    "Clock",
+    "Closed",
+    "DeadlineExceeded",
+    "FlushPolicy",
+    "FlushReason",
+    "Item",
+    "ItemId",
+    "ItemSink",
+    "Lane",
+    "LoopClock",
+    "MonotonicClock",
+    "Overloaded",
+    "QueueFull",
+    "QueueStatistics",
+    "Tier",
+    "TierQueues",
+    "Workers",
+]

@@ -1,0 +1,130 @@
+"""Bounded FIFO queues, one per tier, beneath a retry lane that outranks them all.
+
+Cancelled items (client gone, deadline passed) stay in their deque until they reach its
+head, where they are trimmed: removal from the middle of a deque is O(n), and a flag is
+O(1). Counts always reflect live items only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batcher.errors import QueueFull
+from batcher.types import Item, Lane, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatistics:
+    depth: dict[str, int]
+    total: int
+
+
+class TierQueues:
+    """Queues for every lane. Not thread-safe: owned by one event loop."""
+
+    def __init__(self, capacity: dict[Tier, int]) -> None:
+        missing = set(Tier) - set(capacity)
+        if missing:
+            raise ValueError(f"no queue capacity given for {sorted(t.name for t in missing)}")
+        if any(c < 1 for c in capacity.values()):
+            raise ValueError("queue capacities must be at least 1")
+        self._capacity = dict(capacity)
+        self._lanes: list[deque[Item]] = [deque() for _ in Lane]
+        self._live = [0 for _ in Lane]
+
+    def __len__(self) -> int:
+        return sum(self._live)
+
+    def depth(self, lane: Lane) -> int:
+        return self._live[lane]
+
+    def depth_through(self, tier: Tier) -> int:
+        """Live items that would run before a new item of `tier` (its own tier and above)."""
+        return sum(self._live[: Lane.of(tier) + 1])
+
+    def put_nowait(self, item: Item) -> None:
+        """Append to the item's tier; raise QueueFull at the tier's hard cap."""
+        lane = Lane.of(item.tier)
+        if self._live[lane] >= self._capacity[item.tier]:
+            raise QueueFull(f"the {item.tier.name.lower()} queue is full", retry_after=1.0)
+        item.lane = lane
+        self._lanes[lane].append(item)
+        self._live[lane] += 1
+
+    def push_retry(self, items: Iterable[Item]) -> None:
+        """Put re-routed items at the head of the retry lane, keeping their order."""
+        fresh = [i for i in items if not i.cancelled]
+        for item in fresh:
+            item.lane = Lane.RETRY
+        self._lanes[Lane.RETRY].extendleft(reversed(fresh))
+        self._live[Lane.RETRY] += len(fresh)
+
+    def cancel(self, item: Item) -> None:
+        """Mark an item cancelled; if it is queued it stops counting at once (O(1))."""
+        if item.cancelled:
+            return
+        item.cancelled = True
+        if item.lane >= 0:
+            self._live[item.lane] -= 1
+            item.lane = -1
+
+    def oldest(self) -> Item | None:
+        """The live item that has waited longest, over all lanes (retry items count too)."""
+        best: Item | None = None
+        for lane in Lane:
+            head = self._head(lane)
+            if head is not None and (best is None or head.enqueued < best.enqueued):
+                best = head
+        return best
+
+    def has_retry(self) -> bool:
+        return self._head(Lane.RETRY) is not None
+
+    def pop_batch(self, limit: int, now: float) -> tuple[list[Item], list[Item]]:
+        """Take up to `limit` live items in priority order.
+
+        Returns (batch, expired): expired items had passed their deadline and are removed
+        without running; the caller answers them.
+        """
+        batch: list[Item] = []
+        expired: list[Item] = []
+        for lane in Lane:
+            dq = self._lanes[lane]
+            while dq and len(batch) < limit:
+                item = dq.popleft()
+                if item.cancelled:
+                    continue
+                self._live[lane] -= 1
+                item.lane = -1
+                if item.deadline <= now:
+                    expired.append(item)
+                else:
+                    batch.append(item)
+            if len(batch) >= limit:
+                break
+        return batch, expired
+
+    def drain(self) -> list[Item]:
+        """Remove and return every live item (shutdown)."""
+        out = [i for dq in self._lanes for i in dq if not i.cancelled]
+        for dq in self._lanes:
+            dq.clear()
+        for item in out:
+            item.lane = -1
+        self._live = [0 for _ in Lane]
+        return out
+
+    def statistics(self) -> QueueStatistics:
+        depth = {lane.name.lower(): self._live[lane] for lane in Lane}
+        return QueueStatistics(depth=depth, total=sum(self._live))
+
+    def _head(self, lane: Lane) -> Item | None:
+        dq = self._lanes[lane]
+        while dq and dq[0].cancelled:
+            dq.popleft()
+        return dq[0] if dq else None
+
+
+__all__ = ["QueueStatistics", "TierQueues"]

@@ -1,0 +1,56 @@
+"""Errors resolved into items by the failover layer.
+
+    BatchgateError (batcher.errors)
+    ├── WorkerCrashed        table: the item's batch died with its worker `max_attempts` times
+    ├── NoHealthyWorker      dispatcher: shut down, or no worker is left to run the item
+    ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
+    │   └── ContractViolation    the model broke the contract (count or types of outputs)
+    └── IdempotencyMismatch  idempotency: the same key came back with another body
+"""
+
+from __future__ import annotations
+
+from batcher import BatchgateError
+
+
+class WorkerCrashed(BatchgateError):
+    """The worker running this item died, `max_attempts` times in a row."""
+
+    code = "worker_crashed"
+
+
+class NoHealthyWorker(BatchgateError):
+    """No worker can take the item (the pool is shutting down or every worker is gone)."""
+
+    code = "no_healthy_worker"
+
+
+class ModelError(BatchgateError):
+    """The model raised on this item; carries the exception type, never a traceback."""
+
+    code = "model_error"
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+
+
+class ContractViolation(ModelError):
+    """The model returned the wrong number of outputs, or something other than strings."""
+
+    code = "contract_violation"
+
+
+class IdempotencyMismatch(BatchgateError):
+    """An Idempotency-Key was reused with a different request body."""
+
+    code = "idempotency_key_reused"
+
+
+__all__ = [
+    "ContractViolation",
+    "IdempotencyMismatch",
+    "ModelError",
+    "NoHealthyWorker",
+    "WorkerCrashed",
+]

@@ -1,0 +1,229 @@
+"""The request-to-batch table: which items ride in which batch on which worker.
+
+Plain synchronous code. Every event (a batch assigned, an answer, an error, a death, a
+hang) changes state here and *returns* what to do: items to answer, items to re-queue,
+groups to re-run. The async dispatcher carries the actions out. Because nothing here
+awaits, a hypothesis state machine can drive every interleaving.
+
+Fencing: an answer counts only if its batch id is in flight on the worker that sends it.
+Batch ids are never reused and a worker's id changes with each restart, so an answer from
+a worker already declared dead finds nothing and is discarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from batcher import Item
+from failover.errors import ContractViolation, ModelError, WorkerCrashed
+from gpu_pool import BatchId, WorkerId
+
+Result = tuple[Item, str | BaseException]
+
+
+@dataclass(slots=True)
+class _Lineage:
+    """Shared by every group bisected out of one failed batch: bounds the extra runs."""
+
+    budget: int
+
+
+@dataclass(slots=True)
+class InFlight:
+    batch_id: BatchId
+    worker: WorkerId
+    items: list[Item]
+    started: float
+    hang_deadline: float
+    lineage: _Lineage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send `texts` as batch `batch_id` to `worker`."""
+
+    batch_id: BatchId
+    worker: WorkerId
+    texts: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Actions:
+    """What the dispatcher must do after an event."""
+
+    deliver: list[Result] = field(default_factory=list)
+    retry: list[Item] = field(default_factory=list)
+    freed: bool = False  # a worker became idle
+    discarded: bool = False  # the event was stale (fencing) and changed nothing
+
+
+@dataclass(frozen=True, slots=True)
+class TableStatistics:
+    idle: int
+    busy: int
+    in_flight_batches: int
+    in_flight_items: int
+    pending_groups: int
+    crashes: int
+    reroutes: int
+    rerouted_items: int
+    discarded: int
+    bisect_runs: int
+    model_errors: int
+
+
+class InFlightTable:
+    def __init__(self, *, max_attempts: int = 3, bisect_budget: int = 16) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        self._max_attempts = max_attempts
+        self._bisect_budget = bisect_budget
+        self._ids = itertools.count(1)
+        self._idle: dict[WorkerId, None] = {}  # insertion-ordered set
+        self._busy: dict[WorkerId, BatchId] = {}
+        self._batches: dict[BatchId, InFlight] = {}
+        self._groups: deque[tuple[list[Item], _Lineage]] = deque()
+        self._crashes = self._reroutes = self._rerouted_items = 0
+        self._discarded = self._bisect_runs = self._model_errors = 0
+
+    # -- workers -------------------------------------------------------------------------
+    def worker_up(self, worker: WorkerId) -> None:
+        """A worker finished loading and is idle."""
+        if worker in self._busy or worker in self._idle:
+            raise ValueError(f"worker {worker} is already up")
+        self._idle[worker] = None
+
+    def idle_count(self) -> int:
+        """Idle workers not already claimed by a bisected group waiting to run."""
+        return max(0, len(self._idle) - len(self._groups))
+
+    def has_idle(self) -> bool:
+        return bool(self._idle)
+
+    def is_busy(self, worker: WorkerId) -> bool:
+        return worker in self._busy
+
+    def batch_of(self, worker: WorkerId) -> InFlight | None:
+        batch_id = self._busy.get(worker)
+        return None if batch_id is None else self._batches[batch_id]
+
+    # -- dispatch ------------------------------------------------------------------------
+    def assign(self, items: list[Item], now: float, hang_timeout: float) -> Dispatch:
+        """Record a new batch on an idle worker; the caller sends it."""
+        return self._assign(items, now, hang_timeout, None)
+
+    def next_group(self, now: float, hang_timeout: float) -> Dispatch | None:
+        """A bisected group waiting for a worker, assigned to an idle one, if both exist."""
+        if not self._groups or not self._idle:
+            return None
+        items, lineage = self._groups.popleft()
+        return self._assign(items, now, hang_timeout, lineage)
+
+    def _assign(
+        self, items: list[Item], now: float, hang_timeout: float, lineage: _Lineage | None
+    ) -> Dispatch:
+        if not items:
+            raise ValueError("a batch holds at least one item")
+        worker, _ = self._idle.popitem()
+        batch_id = BatchId(next(self._ids))
+        self._busy[worker] = batch_id
+        self._batches[batch_id] = InFlight(
+            batch_id, worker, items, now, now + hang_timeout, lineage
+        )
+        return Dispatch(batch_id, worker, tuple(i.text for i in items))
+
+    # -- answers -------------------------------------------------------------------------
+    def on_ok(self, worker: WorkerId, batch_id: BatchId, outputs: tuple[str, ...]) -> Actions:
+        batch = self._take(worker, batch_id)
+        if batch is None:
+            return Actions(discarded=True)
+        if len(outputs) != len(batch.items) or not all(type(o) is str for o in outputs):
+            detail = f"{len(outputs)} outputs for {len(batch.items)} inputs"
+            return self._failed(batch, ContractViolation("ContractViolation", detail))
+        return Actions(deliver=list(zip(batch.items, outputs, strict=True)), freed=True)
+
+    def on_error(self, worker: WorkerId, batch_id: BatchId, error: ModelError) -> Actions:
+        """The model raised on the batch; the worker lives. Bisect to isolate the culprits."""
+        batch = self._take(worker, batch_id)
+        if batch is None:
+            return Actions(discarded=True)
+        return self._failed(batch, error)
+
+    def _failed(self, batch: InFlight, error: ModelError) -> Actions:
+        items = [i for i in batch.items if not i.cancelled]
+        lineage = batch.lineage or _Lineage(self._bisect_budget)
+        if len(items) <= 1 or lineage.budget < 2:
+            self._model_errors += len(items)
+            return Actions(deliver=[(i, error) for i in items], freed=True)
+        lineage.budget -= 2
+        self._bisect_runs += 2
+        half = len(items) // 2
+        self._groups.extend(((items[:half], lineage), (items[half:], lineage)))
+        return Actions(freed=True)
+
+    def _take(self, worker: WorkerId, batch_id: BatchId) -> InFlight | None:
+        """Close a batch if (worker, batch_id) is the live dispatch; None if stale."""
+        if self._busy.get(worker) != batch_id:
+            self._discarded += 1
+            return None
+        del self._busy[worker]
+        self._idle[worker] = None
+        return self._batches.pop(batch_id)
+
+    # -- faults --------------------------------------------------------------------------
+    def on_worker_died(self, worker: WorkerId) -> Actions:
+        """Forget the worker; its batch's items go back to the retry lane or fail."""
+        self._idle.pop(worker, None)
+        batch_id = self._busy.pop(worker, None)
+        if batch_id is None:
+            return Actions()
+        self._crashes += 1
+        batch = self._batches.pop(batch_id)
+        actions = Actions()
+        for item in batch.items:
+            if item.cancelled:
+                continue
+            item.attempts += 1
+            if item.attempts >= self._max_attempts:
+                crashed = WorkerCrashed(f"the item's worker died {item.attempts} times")
+                actions.deliver.append((item, crashed))
+            else:
+                actions.retry.append(item)
+        if actions.retry:
+            self._reroutes += 1
+            self._rerouted_items += len(actions.retry)
+        return actions
+
+    def hung(self, now: float) -> list[WorkerId]:
+        """Workers whose batch has run past its hang deadline (to be killed)."""
+        return [b.worker for b in self._batches.values() if b.hang_deadline <= now]
+
+    def next_hang_deadline(self) -> float:
+        return min((b.hang_deadline for b in self._batches.values()), default=math.inf)
+
+    def abandon_groups(self) -> list[Item]:
+        """Shutdown: the bisected groups that will never get a worker."""
+        items = [i for group, _ in self._groups for i in group]
+        self._groups.clear()
+        return items
+
+    def statistics(self) -> TableStatistics:
+        return TableStatistics(
+            idle=len(self._idle),
+            busy=len(self._busy),
+            in_flight_batches=len(self._batches),
+            in_flight_items=sum(len(b.items) for b in self._batches.values()),
+            pending_groups=len(self._groups),
+            crashes=self._crashes,
+            reroutes=self._reroutes,
+            rerouted_items=self._rerouted_items,
+            discarded=self._discarded,
+            bisect_runs=self._bisect_runs,
+            model_errors=self._model_errors,
+        )
+
+
+__all__ = ["Actions", "Dispatch", "InFlight", "InFlightTable", "TableStatistics"]

@@ -1,0 +1,30 @@
+"""The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
+
+Offers the wire messages, the supervisor (`WorkerPool`), its settings and the model loader.
+"""
+
+from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, validate_spec
+from gpu_pool.pool import PoolEvents, PoolSettings, WorkerInfo, WorkerPool, WorkerState
+from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.worker import WorkerConfig, worker_main
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "BatchId",
+    "BatchModel",
+    "Err",
+    "Ok",
+    "PoolEvents",
+    "PoolSettings",
+    "Ready",
+    "Run",
+    "Stop",
+    "WorkerConfig",
+    "WorkerId",
+    "WorkerInfo",
+    "WorkerPool",
+    "WorkerState",
+    "load_model",
+    "validate_spec",
+    "worker_main",
+]

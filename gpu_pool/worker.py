@@ -1,0 +1,85 @@
+"""The worker process: load the model once, say READY, then run one batch at a time.
+
+Runs in a spawned child. It holds no state a restart would lose. A Python exception from
+the model is answered as `Err` and the worker lives on; anything that kills the process is
+noticed by the parent through EOF and the process sentinel.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """What a child needs to start; picklable, passed at spawn."""
+
+    model: str
+    gpu: int | None  # CUDA device to pin, None on the CPU
+    threads: int  # torch intra-op threads on the CPU
+    latency_floor: float  # seconds: every batch takes at least this long
+
+
+def worker_main(conn: Connection, config: WorkerConfig) -> None:
+    """Entry point of the child process."""
+    # The parent owns shutdown: Ctrl-C in a terminal must not kill workers mid-batch.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    device = _prepare_torch(config)
+
+    from gpu_pool.models import load_model
+
+    model = load_model(config.model, device)
+    conn.send(Ready(pid=os.getpid(), device=device))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if isinstance(msg, Stop):
+            return
+        if isinstance(msg, Run):
+            conn.send(_run(model, msg, config.latency_floor))
+
+
+def _run(model: object, msg: Run, floor: float) -> Ok | Err:
+    start = time.monotonic()
+    try:
+        outputs = model(list(msg.inputs))  # type: ignore[operator]
+    except Exception as exc:  # the model's own error: report it, stay alive
+        return Err(msg.batch_id, "model", type(exc).__name__, str(exc)[:500])
+    if not isinstance(outputs, list | tuple) or not all(type(o) is str for o in outputs):
+        return Err(msg.batch_id, "contract", "ContractViolation", "outputs must be strings")
+    if len(outputs) != len(msg.inputs):
+        detail = f"{len(outputs)} outputs for {len(msg.inputs)} inputs"
+        return Err(msg.batch_id, "contract", "ContractViolation", detail)
+    remaining = floor - (time.monotonic() - start)
+    if remaining > 0:
+        time.sleep(remaining)
+    return Ok(msg.batch_id, tuple(outputs), time.monotonic() - start)
+
+
+def _prepare_torch(config: WorkerConfig) -> str:
+    """Pick the device and split CPU threads; import torch only for models that need it."""
+    if config.model == "sim":
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    torch.set_num_threads(max(1, config.threads))
+    if config.gpu is not None and torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+__all__ = ["WorkerConfig", "worker_main"]

@@ -1,0 +1,67 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batcher import MAX_BATCH, FlushPolicy, FlushReason
+
+policy = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=True)
+
+
+def test_no_idle_worker_never_flushes() -> None:
+    assert policy.decide(pending=100, oldest_enqueued=-9.0, now=0.0, idle_workers=0, retry=True) is None
+
+
+def test_empty_queue_never_flushes() -> None:
+    assert policy.decide(pending=0, oldest_enqueued=-0.0, now=0.0, idle_workers=5, retry=False) is None
+
+
+def test_full_batch_flushes_at_once() -> None:
+    assert policy.decide(pending=100, oldest_enqueued=-0.0, now=0.0, idle_workers=1, retry=False) is FlushReason.FULL
+
+
+def test_oldest_past_max_wait_flushes() -> None:
+    got = policy.decide(pending=3, oldest_enqueued=-0.05, now=0.0, idle_workers=1, retry=False)
+    assert got is FlushReason.TIMEOUT
+
+
+def test_one_idle_worker_waits_for_fill() -> None:
+    assert policy.decide(pending=3, oldest_enqueued=-0.01, now=0.0, idle_workers=1, retry=False) is None
+
+
+def test_spare_capacity_flushes_at_once() -> None:
+    assert policy.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=2, retry=False) is FlushReason.IDLE
+
+
+def test_idle_trigger_can_be_turned_off() -> None:
+    plain = FlushPolicy(idle_trigger=False)
+    assert plain.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=8, retry=False) is None
+
+
+def test_retried_items_never_wait_again() -> None:
+    assert policy.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=1, retry=True) is FlushReason.RETRY
+
+
+def test_settings_are_validated() -> None:
+    for bad in ({"max_batch": 0}, {"max_batch": MAX_BATCH + 1}, {"max_wait": -1.0}):
+        try:
+            FlushPolicy(**bad)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+
+
+@given(
+    pending=st.integers(0, 500),
+    waited=st.floats(0, 1),
+    idle=st.integers(0, 12),
+    retry=st.booleans(),
+    idle_trigger=st.booleans(),
+)
+def test_flushes_exactly_when_a_trigger_holds(
+    pending: int, waited: float, idle: int, retry: bool, idle_trigger: bool
+) -> None:
+    p = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=idle_trigger)
+    got = p.decide(
+        pending=pending, oldest_enqueued=-waited, now=0.0, idle_workers=idle, retry=retry
+    )
+    trigger = retry or pending >= 100 or waited >= 0.05 or (idle_trigger and idle > 1)
+    assert (got is not None) == (idle > 0 and pending > 0 and trigger)

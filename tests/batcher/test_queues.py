@@ -1,0 +1,97 @@
+import pytest
+
+from batcher import Item, ItemId, Lane, QueueFull, Tier, TierQueues
+
+
+class Sink:
+    def item_done(self, item: Item, result: str | BaseException) -> None:
+        pass
+
+
+def item(n: int, tier: Tier = Tier.FREE, deadline: float = 100.0) -> Item:
+    it = Item(ItemId(n), f"t{n}", tier, 0.0, deadline, Sink())
+    it.enqueued = float(n)
+    return it
+
+
+def queues(cap: int = 10) -> TierQueues:
+    return TierQueues({Tier.PAID: cap, Tier.FREE: cap})
+
+
+def test_paid_pops_before_free_and_fifo_within_a_tier() -> None:
+    q = queues()
+    for it in (item(1), item(2, Tier.PAID), item(3), item(4, Tier.PAID)):
+        q.put_nowait(it)
+    batch, _ = q.pop_batch(10, now=0.0)
+    assert [i.id for i in batch] == [2, 4, 1, 3]
+
+
+def test_retry_lane_outranks_every_tier_and_keeps_order() -> None:
+    q = queues()
+    q.put_nowait(item(1, Tier.PAID))
+    q.push_retry([item(7), item(8)])
+    batch, _ = q.pop_batch(10, now=0.0)
+    assert [i.id for i in batch] == [7, 8, 1]
+
+
+def test_pop_respects_the_limit() -> None:
+    q = queues()
+    for n in range(5):
+        q.put_nowait(item(n))
+    batch, _ = q.pop_batch(3, now=0.0)
+    assert len(batch) == 3 and len(q) == 2
+
+
+def test_full_tier_refuses_without_touching_the_other() -> None:
+    q = queues(cap=2)
+    q.put_nowait(item(1))
+    q.put_nowait(item(2))
+    with pytest.raises(QueueFull):
+        q.put_nowait(item(3))
+    q.put_nowait(item(4, Tier.PAID))
+    assert q.depth(Lane.FREE) == 2 and q.depth(Lane.PAID) == 1
+
+
+def test_cancelled_items_stop_counting_at_once_and_never_pop() -> None:
+    q = queues()
+    a, b = item(1), item(2)
+    q.put_nowait(a)
+    q.put_nowait(b)
+    q.cancel(a)
+    assert len(q) == 1
+    assert q.oldest() is b
+    batch, _ = q.pop_batch(10, now=0.0)
+    assert batch == [b]
+
+
+def test_cancelling_twice_or_after_pop_changes_nothing() -> None:
+    q = queues()
+    a = item(1)
+    q.put_nowait(a)
+    q.pop_batch(10, now=0.0)
+    q.cancel(a)
+    q.cancel(a)
+    assert len(q) == 0
+
+
+def test_expired_items_are_returned_apart_and_never_batched() -> None:
+    q = queues()
+    late, fine = item(1, deadline=5.0), item(2, deadline=50.0)
+    q.put_nowait(late)
+    q.put_nowait(fine)
+    batch, expired = q.pop_batch(10, now=10.0)
+    assert batch == [fine] and expired == [late] and len(q) == 0
+
+
+def test_depth_through_counts_own_tier_and_above() -> None:
+    q = queues()
+    q.put_nowait(item(1, Tier.PAID))
+    q.put_nowait(item(2))
+    q.push_retry([item(3)])
+    assert q.depth_through(Tier.PAID) == 2
+    assert q.depth_through(Tier.FREE) == 3
+
+
+def test_capacity_is_required_for_every_tier() -> None:
+    with pytest.raises(ValueError):
+        TierQueues({Tier.PAID: 1})
