@@ -26,8 +26,9 @@ log = logging.getLogger("batchgate.app")
 def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> Starlette:
     """Build the app; the workers start (and are waited for) in the lifespan."""
     metrics = Metrics()
-    service = Service(settings, metrics, gpus=gpus)
-    routes = Routes(service, keys or load_keys(settings.keys, settings.admin_key), metrics)
+    keys = keys or load_keys(settings.keys, settings.admin_key)
+    service = Service(settings, metrics, keys.tiers, gpus=gpus)
+    routes = Routes(service, keys, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hmac
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.tiers import DEFAULT_TIERS, TierPolicy, tiers_from
 from batcher import Tier
 
 ANONYMOUS_ACCOUNT = "anonymous"
@@ -32,6 +33,7 @@ class KeyRing:
     keys: dict[str, Principal]
     admin_keys: frozenset[str]
     anonymous: bool = True
+    tiers: dict[Tier, TierPolicy] = field(default_factory=lambda: dict(DEFAULT_TIERS))
 
     def identify(self, authorization: str | None) -> Principal:
         """Map an Authorization header to a principal; raise Unauthorized."""
@@ -80,7 +82,11 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
     anonymous = data.get("anonymous", True)
     if not isinstance(anonymous, bool):
         raise KeysFileError(f"keys file {path}: anonymous must be true or false")
-    return KeyRing(keys, frozenset(admins | set(admin)), anonymous)
+    try:
+        tiers = tiers_from(data.get("tiers", {}))
+    except (ValueError, TypeError) as exc:
+        raise KeysFileError(f"keys file {path}: {exc}") from exc
+    return KeyRing(keys, frozenset(admins | set(admin)), anonymous, tiers)
 
 
 __all__ = ["ANONYMOUS_ACCOUNT", "KeyRing", "KeysFileError", "Principal", "Unauthorized",

@@ -70,7 +70,6 @@ SERVE_FLAGS: list[tuple[str, Callable[[str], Any], str]] = [
     ("restart", _bool, "restart dead workers (default true)"),
     ("ready-timeout-s", float, "how long a worker may take to load (default 300)"),
     ("queue-capacity", int, "hard cap on queued items per tier (default 20000)"),
-    ("request-timeout-ms", float, "default request deadline (default 10000)"),
     ("max-request-timeout-ms", float, "cap on X-Request-Timeout-Ms (default 60000)"),
     ("max-body-bytes", int, "request body limit (default 1 MiB)"),
     ("max-input-chars", int, "characters per input string (default 10000)"),

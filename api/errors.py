@@ -14,6 +14,7 @@ import orjson
 from starlette.responses import Response
 
 from api.auth import Unauthorized
+from api.limits import RateLimited
 from batcher import BatchgateError, Closed, DeadlineExceeded, Overloaded, QueueFull
 from failover import IdempotencyMismatch, ModelError, NoHealthyWorker, WorkerCrashed
 
@@ -49,6 +50,8 @@ def to_api_error(exc: BaseException) -> ApiError:
             return exc
         case Unauthorized():
             return ApiError(401, "unauthorized", str(exc))
+        case RateLimited():
+            return ApiError(429, "rate_limited", str(exc), retry_after(exc.retry_after))
         case QueueFull() | Overloaded():
             return ApiError(503, exc.code, str(exc), retry_after(exc.retry_after))
         case DeadlineExceeded():

@@ -7,7 +7,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -28,7 +34,8 @@ class Snapshot:
     dispatcher: DispatcherStatistics
     workers: dict[str, int]
     crashes: int
-    extra_gauges: dict[str, float]
+    tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
+    batch_latency: float
 
 
 class _StatsCollector(Collector):
@@ -72,14 +79,23 @@ class _StatsCollector(Collector):
             "batchgate_expired_items", "Items dropped in the queue past their deadline",
             value=s.batcher.expired,
         )
-        for name, value in s.extra_gauges.items():
-            yield GaugeMetricFamily(f"batchgate_{name}", name.replace("_", " "), value=value)
+        for name, per_tier in s.tier_gauges.items():
+            gauge = GaugeMetricFamily(f"batchgate_{name}", name.replace("_", " "),
+                                      labels=["tier"])
+            for tier, value in per_tier.items():
+                gauge.add_metric([tier], value)
+            yield gauge
+        yield GaugeMetricFamily(
+            "batchgate_batch_latency_estimate_seconds", "Measured batch latency (EWMA)",
+            value=s.batch_latency,
+        )
 
 
 class Metrics:
     """The service's metrics; also the dispatcher's observer for batch sizes and durations."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only double the scrape
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(

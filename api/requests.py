@@ -85,12 +85,13 @@ class PendingRequest:
     """The sink for one request's items: collates outputs in order, wakes the handler once
     every item is answered or the first one fails."""
 
-    __slots__ = ("done", "error", "outputs", "remaining")
+    __slots__ = ("client_left", "done", "error", "outputs", "remaining")
 
     def __init__(self, n: int) -> None:
         self.outputs: list[str] = [""] * n
         self.remaining = n
         self.error: BaseException | None = None
+        self.client_left = False
         self.done = anyio.Event()
 
     def item_done(self, item: Item, result: str | BaseException) -> None:

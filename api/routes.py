@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from api.auth import KeyRing, Principal
 from api.errors import ApiError, error_response, to_api_error
+from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
 from api.requests import Limits, PendingRequest, parse_body, parse_timeout
 from api.service import Service
@@ -29,6 +30,7 @@ class Routes:
         self.metrics = metrics
         s = service.settings
         self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
+        self.rate_limiter = RateLimiter(keys.tiers)
 
     async def batchstring(self, request: Request) -> Response:
         started = time.perf_counter()
@@ -39,33 +41,42 @@ class Routes:
             response = await self._serve(request, principal)
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
+            if err.status in (429, 503):
+                self.metrics.rejected.labels(tier, err.code).inc()
             response = error_response(err.status, err.code, err.message, err.headers)
         self.metrics.requests.labels(tier, str(response.status_code)).inc()
         self.metrics.duration.labels(tier).observe(time.perf_counter() - started)
         return response
 
     async def _serve(self, request: Request, principal: Principal) -> Response:
+        service = self.service
+        now = service.clock.now()
+        factor = pressure_factor(service.pressure(principal.tier))
+        self.rate_limiter.check(principal, now, factor)
         body = await _read_body(request, self.limits.max_body_bytes)
         parsed = parse_body(body, self.limits)
-        s = self.service.settings
         timeout = parse_timeout(
             request.headers.get("x-request-timeout-ms"),
-            s.request_timeout_ms / 1000,
-            s.max_request_timeout_ms / 1000,
+            self.keys.tiers[principal.tier].timeout_ms / 1000,
+            service.settings.max_request_timeout_ms / 1000,
         )
         pending = PendingRequest(len(parsed.texts))
-        now = self.service.clock.now()
-        items = self.service.new_items(parsed.texts, principal.tier, now, timeout, pending)
-        batcher = self.service.batcher
+        items = service.new_items(parsed.texts, principal.tier, now, timeout, pending)
+        service.batcher.admit(items, timeout)
+        left = False
         try:
-            for item in items:
-                batcher.put_nowait(item)
-            with anyio.move_on_after(timeout):
-                await pending.done.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch_disconnect, request, pending)
+                with anyio.move_on_after(timeout):
+                    await pending.done.wait()
+                left = pending.client_left
+                tg.cancel_scope.cancel()
         finally:
-            if not pending.done.is_set() or pending.error is not None:
+            if not pending.done.is_set() or pending.error is not None or left:
                 for item in items:
-                    batcher.cancel(item)
+                    service.batcher.cancel(item)
+        if left:
+            raise ApiError(499, "client_closed", "the client closed the connection")
         if pending.error is not None:
             raise pending.error
         if not pending.done.is_set():
@@ -108,6 +119,16 @@ class Routes:
             return error_response(401, "unauthorized", "an admin key is required")
         workers = [asdict(w) for w in self.service.workers()]
         return Response(orjson.dumps({"workers": workers}), media_type=JSON)
+
+
+async def _watch_disconnect(request: Request, pending: PendingRequest) -> None:
+    """Wake the handler if the client goes away, so its items never cost GPU time."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            pending.client_left = True
+            pending.done.set()
+            return
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

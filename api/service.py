@@ -12,29 +12,67 @@ from anyio.abc import TaskStatus
 
 from api.metrics import Metrics, Snapshot
 from api.settings import Settings
-from batcher import Batcher, FlushPolicy, Item, ItemId, ItemSink, MonotonicClock, Tier, TierQueues
+from api.tiers import TierPolicy
+from batcher import (
+    Admission,
+    AdmissionSettings,
+    Batcher,
+    FlushPolicy,
+    FlushReason,
+    Item,
+    ItemId,
+    ItemSink,
+    MonotonicClock,
+    Tier,
+    TierQueues,
+)
 from failover import Dispatcher, InFlightTable, NoHealthyWorker
 from gpu_pool import PoolSettings, WorkerInfo, WorkerPool
 
 log = logging.getLogger("batchgate.service")
 
 
+class _Observers:
+    """Batch events go to the metrics and to admission's latency estimate."""
+
+    def __init__(self, metrics: Metrics, admission: Admission) -> None:
+        self._metrics, self._admission = metrics, admission
+
+    def batch_started(self, size: int, reason: FlushReason | None) -> None:
+        self._metrics.batch_started(size, reason)
+
+    def batch_finished(self, size: int, seconds: float) -> None:
+        self._metrics.batch_finished(size, seconds)
+        self._admission.observe_batch(seconds)
+
+
 class Service:
-    def __init__(self, settings: Settings, metrics: Metrics, gpus: int = 0) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, tiers: dict[Tier, TierPolicy], gpus: int = 0
+    ) -> None:
         self.settings = settings
+        self.tiers = tiers
         self.clock = MonotonicClock()
         self._ids = itertools.count(1)
+        self.admission = Admission(
+            AdmissionSettings(
+                budgets={t: p.budget_ms / 1000 for t, p in tiers.items()},
+                max_batch=settings.max_batch,
+                initial_latency=max(settings.latency_floor, 0.01),
+            )
+        )
         self.table = InFlightTable(max_attempts=settings.max_attempts)
         self.dispatcher = Dispatcher(
-            self.table, self.clock, hang_timeout=settings.hang_timeout, observer=metrics
+            self.table, self.clock, hang_timeout=settings.hang_timeout,
+            observer=_Observers(metrics, self.admission),
         )
-        capacity = dict.fromkeys(Tier, settings.queue_capacity)
         policy = FlushPolicy(
             max_batch=settings.max_batch,
             max_wait=settings.max_wait_ms / 1000,
             idle_trigger=settings.idle_trigger,
         )
-        self.batcher = Batcher(TierQueues(capacity), policy, self.clock, self.dispatcher)
+        queues = TierQueues(dict.fromkeys(Tier, settings.queue_capacity))
+        self.batcher = Batcher(queues, policy, self.clock, self.dispatcher, self.admission)
         self.pool = WorkerPool(
             PoolSettings(
                 model=settings.model,
@@ -95,6 +133,15 @@ class Service:
             for index, text in enumerate(texts)
         ]
 
+    def expected_wait(self, tier: Tier) -> float:
+        """Expected completion time of a new item of `tier` (seconds; inf with no worker)."""
+        ahead = self.batcher.queues.depth_through(tier)
+        return self.admission.estimate(ahead, self.table.ready_count())
+
+    def pressure(self, tier: Tier) -> float:
+        """Expected completion over the tier's budget: rate limits tighten as it nears 1."""
+        return self.expected_wait(tier) / self.admission.budget(tier)
+
     def ready(self) -> bool:
         return not self.draining and self.pool.ready_count() > 0
 
@@ -102,12 +149,24 @@ class Service:
         return self.pool.workers()
 
     def snapshot(self) -> Snapshot:
+        from api.limits import pressure_factor
+
+        gauges: dict[str, dict[str, float]] = {
+            "estimated_wait_seconds": {},
+            "admission_factor": {},
+        }
+        for tier in Tier:
+            name = tier.name.lower()
+            wait = self.expected_wait(tier)
+            gauges["estimated_wait_seconds"][name] = wait if wait != float("inf") else -1.0
+            gauges["admission_factor"][name] = pressure_factor(self.pressure(tier))
         return Snapshot(
             batcher=self.batcher.statistics(),
             dispatcher=self.dispatcher.statistics(),
             workers=self.pool.state_counts(),
             crashes=self.pool.crashes,
-            extra_gauges={},
+            tier_gauges=gauges,
+            batch_latency=self.admission.batch_latency,
         )
 
 

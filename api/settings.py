@@ -30,7 +30,6 @@ class Settings:
     restart: bool = True
     ready_timeout_s: float = 300.0
     queue_capacity: int = 20_000  # items per tier: the hard memory bound
-    request_timeout_ms: float = 10_000.0  # default deadline of a request
     max_request_timeout_ms: float = 60_000.0  # cap on X-Request-Timeout-Ms
     max_body_bytes: int = 1_048_576
     max_input_chars: int = 10_000
@@ -59,11 +58,7 @@ class Settings:
             "hang-timeout-ms must be > 0",
         )
         _check(self.queue_capacity >= 1, "queue-capacity must be at least 1")
-        _check(self.request_timeout_ms > 0, "request-timeout-ms must be > 0")
-        _check(
-            self.max_request_timeout_ms >= self.request_timeout_ms,
-            "max-request-timeout-ms must be >= request-timeout-ms",
-        )
+        _check(self.max_request_timeout_ms > 0, "max-request-timeout-ms must be > 0")
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
         _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")
         _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")

@@ -4,6 +4,7 @@ Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure f
 decision, the batching loop, admission control and the injected clock.
 """
 
+from batcher.admission import Admission, AdmissionSettings, AdmissionStatistics
 from batcher.batcher import Batcher, BatcherStatistics, Closed, Workers
 from batcher.clock import Clock, LoopClock, MonotonicClock
 from batcher.errors import BatchgateError, DeadlineExceeded, Overloaded, QueueFull
@@ -13,6 +14,9 @@ from batcher.types import MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, 
 
 __all__ = [
     "MAX_BATCH",
+    "Admission",
+    "AdmissionSettings",
+    "AdmissionStatistics",
     "Batcher",
     "BatcherStatistics",
     "BatchgateError",

@@ -16,6 +16,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
+from batcher.admission import Admission
 from batcher.clock import Clock
 from batcher.errors import DeadlineExceeded
 from batcher.policy import FlushPolicy
@@ -27,6 +28,9 @@ class Workers(Protocol):
     """What the batcher needs of the pool: how many are idle, and a way to hand one a batch."""
 
     def idle_count(self) -> int: ...
+
+    def ready_count(self) -> int:
+        """Workers up (idle or busy): the pool's capacity right now."""
 
     def submit(self, items: list[Item], reason: FlushReason) -> None:
         """Start `items` (1..max_batch) on an idle worker; called only while one is idle."""
@@ -49,9 +53,15 @@ class BatcherStatistics:
 
 class Batcher:
     def __init__(
-        self, queues: TierQueues, policy: FlushPolicy, clock: Clock, workers: Workers
+        self,
+        queues: TierQueues,
+        policy: FlushPolicy,
+        clock: Clock,
+        workers: Workers,
+        admission: Admission | None = None,
     ) -> None:
         self._queues = queues
+        self._admission = admission
         self._policy = policy
         self._clock = clock
         self._workers = workers
@@ -65,6 +75,22 @@ class Batcher:
     @property
     def queues(self) -> TierQueues:
         return self._queues
+
+    def admit(self, items: list[Item], deadline_in: float) -> None:
+        """Admit a request's items together or refuse them all.
+
+        Raises `Closed` while draining, `Overloaded` when admission control refuses, and
+        `QueueFull` at the tier's hard cap; on any refusal no item is queued.
+        """
+        if self._draining:
+            raise Closed("the server is shutting down")
+        tier = items[0].tier
+        ahead = self._queues.depth_through(tier) + len(items) - 1
+        if self._admission is not None:
+            self._admission.check(tier, ahead, self._workers.ready_count(), deadline_in)
+        self._queues.ensure_room(tier, len(items))
+        for item in items:
+            self.put_nowait(item)
 
     def put_nowait(self, item: Item) -> None:
         """Queue an item; raise `Closed` while draining, `QueueFull` at the tier's cap."""

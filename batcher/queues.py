@@ -44,6 +44,11 @@ class TierQueues:
         """Live items that would run before a new item of `tier` (its own tier and above)."""
         return sum(self._live[: Lane.of(tier) + 1])
 
+    def ensure_room(self, tier: Tier, n: int) -> None:
+        """Raise QueueFull unless `n` more items of `tier` fit under its cap."""
+        if self._live[Lane.of(tier)] + n > self._capacity[tier]:
+            raise QueueFull(f"the {tier.name.lower()} queue is full", retry_after=1.0)
+
     def put_nowait(self, item: Item) -> None:
         """Append to the item's tier; raise QueueFull at the tier's hard cap."""
         lane = Lane.of(item.tier)

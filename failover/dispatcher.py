@@ -81,6 +81,9 @@ class Dispatcher:
     def idle_count(self) -> int:
         return self._table.idle_count()
 
+    def ready_count(self) -> int:
+        return self._table.ready_count()
+
     def submit(self, items: list[Item], reason: FlushReason) -> None:
         dispatch = self._table.assign(items, self._clock.now(), self._hang_timeout)
         self._observer.batch_started(len(items), reason)

@@ -100,6 +100,9 @@ class InFlightTable:
         """Idle workers not already claimed by a bisected group waiting to run."""
         return max(0, len(self._idle) - len(self._groups))
 
+    def ready_count(self) -> int:
+        return len(self._idle) + len(self._busy)
+
     def has_idle(self) -> bool:
         return bool(self._idle)
 

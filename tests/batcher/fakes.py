@@ -33,6 +33,9 @@ class FakeWorkers:
     def idle_count(self) -> int:
         return self.count - self.busy
 
+    def ready_count(self) -> int:
+        return self.count
+
     def submit(self, items: list[Item], reason: FlushReason) -> None:
         assert self.busy < self.count, "a batch was cut with no idle worker"
         assert self.tg is not None

@@ -134,7 +134,8 @@ def test_invariants_hold_over_random_schedules(
     for it in run.items:
         if it.id in position and it.dispatched - it.enqueued > max_wait + 1e-9:
             start = it.enqueued + max_wait
-            checkpoints = [start] + [t for t, _ in run.workers.idle_log if start < t < it.dispatched]
+            log = run.workers.idle_log
+            checkpoints = [start] + [t for t, _ in log if start < t < it.dispatched]
             assert all(idle_at(run, t) == 0 for t in checkpoints), "waited with a worker free"
 
 

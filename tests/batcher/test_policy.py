@@ -6,38 +6,46 @@ from batcher import MAX_BATCH, FlushPolicy, FlushReason
 policy = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=True)
 
 
+def decide(
+    p: FlushPolicy, pending: int, waited: float, idle: int, retry: bool = False
+) -> FlushReason | None:
+    return p.decide(
+        pending=pending, oldest_enqueued=-waited, now=0.0, idle_workers=idle, retry=retry
+    )
+
+
 def test_no_idle_worker_never_flushes() -> None:
-    assert policy.decide(pending=100, oldest_enqueued=-9.0, now=0.0, idle_workers=0, retry=True) is None
+    assert decide(policy, 100, 9.0, 0, True) is None
 
 
 def test_empty_queue_never_flushes() -> None:
-    assert policy.decide(pending=0, oldest_enqueued=-0.0, now=0.0, idle_workers=5, retry=False) is None
+    assert decide(policy, 0, 0.0, 5, False) is None
 
 
 def test_full_batch_flushes_at_once() -> None:
-    assert policy.decide(pending=100, oldest_enqueued=-0.0, now=0.0, idle_workers=1, retry=False) is FlushReason.FULL
+    assert decide(policy, 100, 0.0, 1, False) is FlushReason.FULL
 
 
 def test_oldest_past_max_wait_flushes() -> None:
-    got = policy.decide(pending=3, oldest_enqueued=-0.05, now=0.0, idle_workers=1, retry=False)
+    got = decide(policy, 3, 0.05, 1, False)
     assert got is FlushReason.TIMEOUT
 
 
 def test_one_idle_worker_waits_for_fill() -> None:
-    assert policy.decide(pending=3, oldest_enqueued=-0.01, now=0.0, idle_workers=1, retry=False) is None
+    assert decide(policy, 3, 0.01, 1, False) is None
 
 
 def test_spare_capacity_flushes_at_once() -> None:
-    assert policy.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=2, retry=False) is FlushReason.IDLE
+    assert decide(policy, 1, 0.0, 2, False) is FlushReason.IDLE
 
 
 def test_idle_trigger_can_be_turned_off() -> None:
     plain = FlushPolicy(idle_trigger=False)
-    assert plain.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=8, retry=False) is None
+    assert decide(plain, 1, 0.0, 8, False) is None
 
 
 def test_retried_items_never_wait_again() -> None:
-    assert policy.decide(pending=1, oldest_enqueued=-0.0, now=0.0, idle_workers=1, retry=True) is FlushReason.RETRY
+    assert decide(policy, 1, 0.0, 1, True) is FlushReason.RETRY
 
 
 def test_settings_are_validated() -> None:

@@ -1,0 +1,86 @@
+"""Per-key and per-account rate limits: token buckets whose rate tightens under pressure.
+
+Each tier sets a rate and a burst for every key and for every account (keys file,
+`[tiers.<tier>]`). While the queue ahead of a tier grows toward that tier's admission
+budget, its rates are scaled down (free first: its budget is smaller; paid only when the
+pool cannot keep up) and they relax as the queue drains. The factor is exported as a metric.
+"""
+
+from __future__ import annotations
+
+import math
+
+from api.auth import Principal
+from api.tiers import TierPolicy
+from batcher import Tier
+
+
+class RateLimited(Exception):
+    """A key or account went over its rate; answered 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def pressure_factor(pressure: float) -> float:
+    """Rate multiplier for a tier whose expected wait is `pressure` x its budget:
+    1 up to half the budget, then down linearly to 0.1 at the budget and beyond."""
+    if pressure <= 0.5:
+        return 1.0
+    return max(0.1, 1.0 - 1.8 * (pressure - 0.5))
+
+
+class TokenBucket:
+    __slots__ = ("last", "tokens")
+
+    def __init__(self, burst: float, now: float) -> None:
+        self.tokens = burst
+        self.last = now
+
+    def take(self, now: float, rate: float, burst: float) -> float:
+        """Take one token; 0 if allowed, else the seconds until one is available."""
+        self.tokens = min(burst, self.tokens + (now - self.last) * rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / rate
+
+
+class RateLimiter:
+    """One bucket per key and per account: bounded by the keys file (anonymous is one)."""
+
+    def __init__(self, limits: dict[Tier, TierPolicy]) -> None:
+        if set(limits) != set(Tier):
+            raise ValueError("rate limits are needed for every tier")
+        self._limits = limits
+        self._keys: dict[tuple[Tier, str], TokenBucket] = {}
+        self._accounts: dict[tuple[Tier, str], TokenBucket] = {}
+        self.refused = 0
+
+    def check(self, principal: Principal, now: float, factor: float = 1.0) -> None:
+        """Raise RateLimited if the key or its account is over its (scaled) rate."""
+        lim = self._limits[principal.tier]
+        key = (principal.tier, principal.key or principal.account)
+        account = (principal.tier, principal.account)
+        wait = self._take(self._keys, key, now, lim.rate * factor, lim.burst)
+        if wait == 0.0:
+            wait = self._take(self._accounts, account, now, lim.account_rate * factor,
+                              lim.account_burst)
+        if wait > 0.0:
+            self.refused += 1
+            raise RateLimited("rate limit exceeded for this key or account", math.ceil(wait))
+
+    @staticmethod
+    def _take(
+        buckets: dict[tuple[Tier, str], TokenBucket], name: tuple[Tier, str], now: float,
+        rate: float, burst: float,
+    ) -> float:
+        bucket = buckets.get(name)
+        if bucket is None:
+            bucket = buckets[name] = TokenBucket(burst, now)
+        return bucket.take(now, rate, burst)
+
+
+__all__ = ["RateLimited", "RateLimiter", "TokenBucket", "pressure_factor"]

@@ -1,0 +1,102 @@
+"""Admission control: refuse at the door what the queue cannot serve in time.
+
+For an arriving item, the expected completion is estimated from the work queued ahead of it
+(its own tier and every tier above, retry lane included), the pool's measured throughput
+(ready workers x max batch / measured batch latency) and one batch latency for its own run.
+Over the tier's budget, the item is refused at once, with a Retry-After from the time the
+queue needs to drain. Free traffic has the smaller budget, so it is shed first; paid traffic
+is refused only when the paid queue alone cannot be served in time. This is throttling tied
+to the observed queue, not a static token bucket.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from batcher.errors import Overloaded
+from batcher.types import MAX_BATCH, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    budgets: dict[Tier, float]  # seconds of expected completion time, per tier
+    max_batch: int = MAX_BATCH
+    initial_latency: float = 0.1  # batch latency assumed until one is measured
+    smoothing: float = 0.2  # weight of the newest batch in the latency average
+
+    def __post_init__(self) -> None:
+        if set(self.budgets) != set(Tier):
+            raise ValueError("an admission budget is needed for every tier")
+        if any(b <= 0 for b in self.budgets.values()):
+            raise ValueError("admission budgets must be > 0 seconds")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError("smoothing must be within (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStatistics:
+    batch_latency: float
+    refused: dict[str, int]
+
+
+class Admission:
+    def __init__(self, settings: AdmissionSettings) -> None:
+        self._settings = settings
+        self._latency = settings.initial_latency
+        self._refused = dict.fromkeys((t.name.lower() for t in Tier), 0)
+
+    @property
+    def batch_latency(self) -> float:
+        return self._latency
+
+    def observe_batch(self, seconds: float) -> None:
+        """Fold a measured batch time into the latency estimate (an EWMA)."""
+        a = self._settings.smoothing
+        self._latency = (1 - a) * self._latency + a * seconds
+
+    def throughput(self, workers: int) -> float:
+        """Items per second the pool can serve with full batches."""
+        return workers * self._settings.max_batch / self._latency
+
+    def estimate(self, ahead: int, workers: int) -> float:
+        """Expected seconds until an item with `ahead` items before it is answered."""
+        if workers <= 0:
+            return math.inf
+        return ahead / self.throughput(workers) + self._latency
+
+    def budget(self, tier: Tier) -> float:
+        return self._settings.budgets[tier]
+
+    def check(self, tier: Tier, ahead: int, workers: int, deadline_in: float) -> None:
+        """Admit, or raise Overloaded (with the code of the limit hit and a Retry-After)."""
+        expected = self.estimate(ahead, workers)
+        if workers <= 0:
+            self._refuse(tier)
+            raise Overloaded("no worker is ready", 1.0, code="no_healthy_worker")
+        retry = ahead / self.throughput(workers)  # the time the queue ahead needs to drain
+        # An item with nothing queued ahead is always admitted: refusing it protects nobody.
+        if ahead > 0 and expected > self._settings.budgets[tier]:
+            self._refuse(tier)
+            raise Overloaded(
+                f"expected wait {expected * 1000:.0f} ms exceeds the {tier.name.lower()} "
+                f"tier's budget of {self._settings.budgets[tier] * 1000:.0f} ms",
+                retry,
+                code="over_budget",
+            )
+        if ahead > 0 and expected > deadline_in:
+            self._refuse(tier)
+            raise Overloaded(
+                f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline",
+                retry,
+                code="deadline_unreachable",
+            )
+
+    def statistics(self) -> AdmissionStatistics:
+        return AdmissionStatistics(self._latency, dict(self._refused))
+
+    def _refuse(self, tier: Tier) -> None:
+        self._refused[tier.name.lower()] += 1
+
+
+__all__ = ["Admission", "AdmissionSettings", "AdmissionStatistics"]

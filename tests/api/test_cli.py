@@ -1,0 +1,46 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from api.cli import build_parser, settings_from
+
+BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
+
+
+def settings(argv: list[str], env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return settings_from(build_parser(env or {}).parse_args(["serve", *argv]))
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    s = settings([])
+    assert (s.host, s.port, s.model, s.max_batch, s.max_wait_ms) == (
+        "127.0.0.1", 8000, "minilm", 100, 50.0)
+    assert s.latency_floor == 0.0 and s.hang_timeout == 5.0
+
+
+def test_sim_pads_batches_to_100_ms() -> None:
+    s = settings(["--model", "sim"])
+    assert s.latency_floor == 0.1 and s.hang_timeout == 5.0
+
+
+def test_environment_variables_set_flags_and_flags_win() -> None:
+    s = settings(["--workers", "3"], {"BATCHGATE_WORKERS": "7", "BATCHGATE_MAX_WAIT_MS": "20"})
+    assert s.workers == 3 and s.max_wait_ms == 20.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--max-batch", "101"], ["--workers", "0"], ["--port", "x"], ["--model", "no good"],
+     ["--keys", "/nonexistent.toml"], ["--idle-trigger", "maybe"]],
+)
+def test_a_bad_value_is_one_line_and_exit_2(argv: list[str]) -> None:
+    proc = subprocess.run(
+        [BATCHGATE, "serve", *argv], capture_output=True, text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("batchgate")
+    assert "error:" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,56 @@
+import pytest
+
+from api import ApiError
+from api.requests import Limits, parse_body, parse_timeout
+
+LIMITS = Limits(max_inputs=100, max_input_chars=10, max_body_bytes=1000, model="sim")
+
+
+def status_of(body: bytes) -> int:
+    with pytest.raises(ApiError) as info:
+        parse_body(body, LIMITS)
+    return info.value.status
+
+
+def test_single_input() -> None:
+    parsed = parse_body(b'{"input": "abc"}', LIMITS)
+    assert parsed.texts == ["abc"] and parsed.single
+
+
+def test_many_inputs_keep_their_order() -> None:
+    parsed = parse_body(b'{"inputs": ["a", "b", "c"]}', LIMITS)
+    assert parsed.texts == ["a", "b", "c"] and not parsed.single
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 400),
+        (b"[1, 2]", 400),
+        (b'{"input": 3}', 400),
+        (b'{"inputs": "abc"}', 400),
+        (b'{"inputs": ["a", 1]}', 400),
+        (b'{"input": "a", "inputs": ["b"]}', 400),
+        (b"{}", 400),
+        (b'{"inputs": []}', 422),
+        (b'{"inputs": ' + str(["x"] * 101).replace("'", '"').encode() + b"}", 422),
+        (b'{"input": "01234567890"}', 413),
+        (b'{"input": "a", "model": "minilm"}', 422),
+        (b'{"input": "a", "model": 7}', 400),
+    ],
+)
+def test_bad_bodies_are_refused_with_the_right_status(body: bytes, status: int) -> None:
+    assert status_of(body) == status
+
+
+def test_the_served_model_may_be_named() -> None:
+    assert parse_body(b'{"input": "a", "model": "sim"}', LIMITS).texts == ["a"]
+
+
+def test_timeout_header_is_defaulted_capped_and_checked() -> None:
+    assert parse_timeout(None, 10.0, 60.0) == 10.0
+    assert parse_timeout("250", 10.0, 60.0) == 0.25
+    assert parse_timeout("999999", 10.0, 60.0) == 60.0
+    for bad in ("soon", "-5", "0", "nan"):
+        with pytest.raises(ApiError):
+            parse_timeout(bad, 10.0, 60.0)

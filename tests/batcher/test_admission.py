@@ -1,0 +1,78 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batcher import Admission, AdmissionSettings, Overloaded, Tier
+
+BUDGETS = {Tier.PAID: 0.4, Tier.FREE: 0.25}
+
+
+def admission() -> Admission:
+    return Admission(AdmissionSettings(budgets=BUDGETS, initial_latency=0.1))
+
+
+def refused(a: Admission, tier: Tier, ahead: int, workers: int, deadline: float = 10.0) -> bool:
+    try:
+        a.check(tier, ahead, workers, deadline)
+    except Overloaded:
+        return True
+    return False
+
+
+def test_estimate_is_queue_over_throughput_plus_one_batch() -> None:
+    a = admission()
+    assert a.throughput(2) == 2000.0
+    assert math.isclose(a.estimate(ahead=300, workers=2), 0.25)
+
+
+@given(ahead=st.integers(0, 5000), workers=st.integers(0, 12), tier=st.sampled_from(Tier))
+def test_refused_exactly_when_the_estimate_exceeds_the_budget(
+    ahead: int, workers: int, tier: Tier
+) -> None:
+    a = admission()
+    expected = a.estimate(ahead, workers)
+    over = workers == 0 or (ahead > 0 and expected > BUDGETS[tier])
+    assert refused(a, tier, ahead, workers) == over
+
+
+@given(paid_ahead=st.integers(0, 3000), free_extra=st.integers(0, 3000), workers=st.integers(1, 12))
+def test_paid_is_never_refused_while_free_is_admitted(
+    paid_ahead: int, free_extra: int, workers: int
+) -> None:
+    # A free item has at least the paid queue ahead of it, and a smaller budget.
+    a = admission()
+    if not refused(a, Tier.FREE, paid_ahead + free_extra, workers):
+        assert not refused(a, Tier.PAID, paid_ahead, workers)
+
+
+def test_retry_after_grows_with_the_queue() -> None:
+    a = admission()
+    waits = []
+    for ahead in (1000, 2000, 4000):
+        with pytest.raises(Overloaded) as info:
+            a.check(Tier.FREE, ahead, 1, 10.0)
+        waits.append(info.value.retry_after)
+    assert waits == sorted(waits) and waits[0] < waits[-1]
+
+
+def test_no_ready_worker_refuses_with_its_own_code() -> None:
+    with pytest.raises(Overloaded) as info:
+        admission().check(Tier.PAID, 0, 0, 10.0)
+    assert info.value.code == "no_healthy_worker"
+
+
+def test_a_deadline_the_queue_cannot_meet_is_refused_at_the_door() -> None:
+    with pytest.raises(Overloaded) as info:
+        admission().check(Tier.PAID, 100, 1, deadline_in=0.15)
+    assert info.value.code == "deadline_unreachable"
+
+
+def test_measured_latency_moves_the_estimate() -> None:
+    a = admission()
+    for _ in range(50):
+        a.observe_batch(0.3)
+    assert math.isclose(a.batch_latency, 0.3, rel_tol=1e-3)
+    assert refused(a, Tier.FREE, 1, 1)  # one batch alone now takes longer than 250 ms
+    assert not refused(a, Tier.FREE, 0, 1)  # but nothing ahead: refusing protects nobody

@@ -1,0 +1,211 @@
+"""The in-flight table driven through every interleaving by a hypothesis state machine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from batcher import Item, ItemId, Tier
+from failover import ContractViolation, InFlightTable, ModelError, WorkerCrashed
+from gpu_pool import BatchId, WorkerId
+
+MAX_ATTEMPTS = 3
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got: dict[int, list[str | BaseException]] = {}
+
+    def item_done(self, item: Item, result: str | BaseException) -> None:
+        self.got.setdefault(item.id, []).append(result)
+
+
+def make_items(sink: Sink, start: int, n: int) -> list[Item]:
+    return [Item(ItemId(i), f"in-{i}", Tier.FREE, 0.0, 1e9, sink) for i in range(start, start + n)]
+
+
+def test_answer_goes_to_the_batch_items_in_order() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    items = make_items(sink, 0, 3)
+    d = table.assign(items, now=0.0, hang_timeout=5.0)
+    actions = table.on_ok(d.worker, d.batch_id, ("a", "b", "c"))
+    assert [(i.id, r) for i, r in actions.deliver] == [(0, "a"), (1, "b"), (2, "c")]
+    assert actions.freed and table.idle_count() == 1
+
+
+def test_a_late_answer_from_a_dead_worker_is_discarded() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    d = table.assign(make_items(sink, 0, 2), now=0.0, hang_timeout=5.0)
+    died = table.on_worker_died(d.worker)
+    assert len(died.retry) == 2
+    assert table.on_ok(d.worker, d.batch_id, ("x", "y")).discarded
+
+
+def test_items_fail_after_max_attempts_crashes() -> None:
+    sink, table = Sink(), InFlightTable(max_attempts=2)
+    items = make_items(sink, 0, 1)
+    for w in (1, 2):
+        table.worker_up(WorkerId(w))
+        table.assign(items, now=0.0, hang_timeout=5.0)
+        actions = table.on_worker_died(WorkerId(w))
+    assert isinstance(actions.deliver[0][1], WorkerCrashed) and not actions.retry
+
+
+def test_wrong_output_count_is_a_contract_violation_isolated_by_bisection() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    d = table.assign(make_items(sink, 0, 1), now=0.0, hang_timeout=5.0)
+    actions = table.on_ok(d.worker, d.batch_id, ("a", "b"))
+    assert isinstance(actions.deliver[0][1], ContractViolation)
+
+
+def test_bisection_isolates_one_poison_item() -> None:
+    sink, table = Sink(), InFlightTable(bisect_budget=64)
+    table.worker_up(WorkerId(1))
+    items = make_items(sink, 0, 51)
+    poison = items[17]
+    d = table.assign(items, now=0.0, hang_timeout=5.0)
+    while d is not None:
+        texts = d.texts
+        if poison.text in texts:
+            actions = table.on_error(d.worker, d.batch_id, ModelError("ValueError", "bad"))
+        else:
+            actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in texts))
+        for item, result in actions.deliver:
+            item.settle(result)
+        d = table.next_group(now=0.0, hang_timeout=5.0)
+    assert all(len(v) == 1 for v in sink.got.values()) and len(sink.got) == 51
+    failed = [i for i, v in sink.got.items() if isinstance(v[0], ModelError)]
+    assert failed == [poison.id]
+
+
+def test_bisection_work_is_bounded_for_a_model_that_always_fails() -> None:
+    sink, table = Sink(), InFlightTable(bisect_budget=16)
+    table.worker_up(WorkerId(1))
+    d = table.assign(make_items(sink, 0, 100), now=0.0, hang_timeout=5.0)
+    runs = 0
+    while d is not None:
+        runs += 1
+        actions = table.on_error(d.worker, d.batch_id, ModelError("RuntimeError", "no"))
+        for item, result in actions.deliver:
+            item.settle(result)
+        d = table.next_group(now=0.0, hang_timeout=5.0)
+    assert runs <= 1 + 16 and len(sink.got) == 100
+
+
+def test_hung_batches_are_reported_after_their_deadline() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    table.assign(make_items(sink, 0, 1), now=10.0, hang_timeout=5.0)
+    assert table.hung(now=14.9) == [] and table.hung(now=15.0) == [WorkerId(1)]
+
+
+def test_max_attempts_is_validated() -> None:
+    with pytest.raises(ValueError):
+        InFlightTable(max_attempts=0)
+
+
+class TableMachine(RuleBasedStateMachine):
+    """Random dispatch, answers, model errors, crashes, late answers and cancellations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sink = Sink()
+        self.table = InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=8)
+        self.next_worker = 1
+        self.next_item = 0
+        self.waiting: list[Item] = []  # queued or re-routed, not in flight
+        self.in_flight: dict[WorkerId, tuple[BatchId, tuple[str, ...]]] = {}
+        self.dead_batches: list[tuple[WorkerId, BatchId, tuple[str, ...]]] = []
+        self.all: list[Item] = []
+
+    def _apply(self, actions: object) -> None:
+        from failover import Actions
+
+        assert isinstance(actions, Actions)
+        for item, result in actions.deliver:
+            item.settle(result)
+        self.waiting.extend(actions.retry)
+        self._start_groups()
+
+    def _start_groups(self) -> None:
+        while (d := self.table.next_group(0.0, 5.0)) is not None:
+            self.in_flight[d.worker] = (d.batch_id, d.texts)
+
+    @rule()
+    def worker_up(self) -> None:
+        self.table.worker_up(WorkerId(self.next_worker))
+        self.next_worker += 1
+        self._start_groups()
+
+    @rule(n=st.integers(1, 12))
+    def arrive(self, n: int) -> None:
+        items = make_items(self.sink, self.next_item, n)
+        self.next_item += n
+        self.waiting.extend(items)
+        self.all.extend(items)
+
+    @precondition(lambda self: self.waiting and self.table.idle_count() > 0)
+    @rule(n=st.integers(1, 100))
+    def dispatch(self, n: int) -> None:
+        batch, self.waiting = self.waiting[:n], self.waiting[n:]
+        d = self.table.assign(batch, 0.0, 5.0)
+        self.in_flight[d.worker] = (d.batch_id, d.texts)
+
+    @precondition(lambda self: self.in_flight)
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "error", "short", "crash"]))
+    def finish(self, data: st.DataObject, outcome: str) -> None:
+        worker = data.draw(st.sampled_from(sorted(self.in_flight)))
+        batch_id, texts = self.in_flight.pop(worker)
+        if outcome == "ok":
+            self._apply(self.table.on_ok(worker, batch_id, tuple(t[::-1] for t in texts)))
+        elif outcome == "short":
+            self._apply(self.table.on_ok(worker, batch_id, tuple(t[::-1] for t in texts[1:])))
+        elif outcome == "error":
+            self._apply(self.table.on_error(worker, batch_id, ModelError("E", "x")))
+        else:
+            self.dead_batches.append((worker, batch_id, texts))
+            self._apply(self.table.on_worker_died(worker))
+
+    @precondition(lambda self: self.dead_batches)
+    @rule(data=st.data())
+    def late_answer_from_the_dead(self, data: st.DataObject) -> None:
+        worker, batch_id, texts = data.draw(st.sampled_from(self.dead_batches))
+        actions = self.table.on_ok(worker, batch_id, tuple(t[::-1] for t in texts))
+        assert actions.discarded and not actions.deliver
+
+    @precondition(lambda self: self.all)
+    @rule(data=st.data())
+    def client_leaves(self, data: st.DataObject) -> None:
+        data.draw(st.sampled_from(self.all)).cancelled = True
+
+    @invariant()
+    def answered_at_most_once_with_its_own_output(self) -> None:
+        for item in self.all:
+            results = self.sink.got.get(item.id, [])
+            assert len(results) <= 1, f"item {item.id} answered twice"
+            if results and isinstance(results[0], str):
+                assert results[0] == item.text[::-1]
+            if results and isinstance(results[0], WorkerCrashed):
+                assert item.attempts >= MAX_ATTEMPTS
+
+    @invariant()
+    def every_live_item_is_somewhere(self) -> None:
+        flying = {t for _, texts in self.in_flight.values() for t in texts}
+        grouped = {i.id for group, _ in self.table._groups for i in group}
+        for item in self.all:
+            if item.cancelled or item.id in self.sink.got:
+                continue
+            placed = item in self.waiting or item.text in flying or item.id in grouped
+            assert placed, f"item {item.id} was lost"
+
+    @invariant()
+    def one_batch_per_worker(self) -> None:
+        stats = self.table.statistics()
+        assert stats.busy == stats.in_flight_batches == len(self.in_flight)
+
+
+TestTableMachine = TableMachine.TestCase

@@ -1,0 +1,138 @@
+"""The supervisor with real spawned worker processes (sim and test models, real time)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from gpu_pool import BatchId, Err, Ok, PoolSettings, Ready, Run, Stop, WorkerId, WorkerPool
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Events:
+    """Records what the pool reports; each kind of event can be awaited."""
+
+    def __init__(self) -> None:
+        self.ready: list[WorkerId] = []
+        self.replies: list[tuple[WorkerId, Ok | Err]] = []
+        self.died: list[WorkerId] = []
+        self.changed = anyio.Event()
+
+    def _bump(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    def worker_ready(self, worker: WorkerId) -> None:
+        self.ready.append(worker)
+        self._bump()
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
+        self.replies.append((worker, reply))
+        self._bump()
+
+    def worker_died(self, worker: WorkerId) -> None:
+        self.died.append(worker)
+        self._bump()
+
+    async def wait_for(self, condition: object) -> None:
+        with anyio.fail_after(60):
+            while not condition():  # type: ignore[operator]
+                await self.changed.wait()
+
+
+@asynccontextmanager
+async def running_pool(model: str, workers: int = 1, **kw: object) -> AsyncIterator[
+    tuple[WorkerPool, Events]
+]:
+    events = Events()
+    settings = PoolSettings(model=model, workers=workers, latency_floor=0.0,
+                            restart_backoff=0.05, **kw)  # type: ignore[arg-type]
+    pool = WorkerPool(settings, events)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        await events.wait_for(lambda: len(events.ready) >= workers)
+        yield pool, events
+        tg.cancel_scope.cancel()
+
+
+def test_messages_survive_a_pickle_round_trip() -> None:
+    for msg in (Ready(1, "cpu"), Run(BatchId(3), ("a", "b")), Ok(BatchId(3), ("b",), 0.1),
+                Err(BatchId(3), "model", "ValueError", "x"), Stop()):
+        assert pickle.loads(pickle.dumps(msg)) == msg
+
+
+async def test_a_batch_comes_back_in_order() -> None:
+    async with running_pool("sim") as (pool, events):
+        w = events.ready[0]
+        assert pool.send(w, Run(BatchId(1), ("abc", "de")))
+        await events.wait_for(lambda: events.replies)
+        assert events.replies[0] == (w, Ok(BatchId(1), ("cba", "ed"), events.replies[0][1].seconds))  # type: ignore[union-attr]
+
+
+async def test_a_model_exception_is_an_error_and_the_worker_lives() -> None:
+    async with running_pool("tests.models:poison") as (pool, events):
+        w = events.ready[0]
+        pool.send(w, Run(BatchId(1), ("POISON",)))
+        await events.wait_for(lambda: events.replies)
+        reply = events.replies[0][1]
+        assert isinstance(reply, Err) and reply.error_type == "ValueError"
+        assert pool.send(w, Run(BatchId(2), ("ok",)))
+        await events.wait_for(lambda: len(events.replies) == 2)
+        assert events.died == []
+
+
+async def test_a_contract_breach_is_reported_as_such() -> None:
+    async with running_pool("tests.models:short_by_one") as (pool, events):
+        pool.send(events.ready[0], Run(BatchId(1), ("a", "b")))
+        await events.wait_for(lambda: events.replies)
+        reply = events.replies[0][1]
+        assert isinstance(reply, Err) and reply.kind == "contract"
+
+
+async def test_sigkill_is_seen_at_once_and_the_slot_restarts() -> None:
+    async with running_pool("sim") as (pool, events):
+        first = events.ready[0]
+        (info,) = pool.workers()
+        assert info.pid is not None
+        os.kill(info.pid, signal.SIGKILL)
+        await events.wait_for(lambda: events.died == [first] and len(events.ready) == 2)
+        (info,) = pool.workers()
+        assert info.state == "ready" and info.restarts == 1 and info.id != first
+
+
+async def test_a_crash_mid_batch_reports_the_death_not_an_answer() -> None:
+    async with running_pool("tests.models:crash_on_marker") as (pool, events):
+        w = events.ready[0]
+        pool.send(w, Run(BatchId(1), ("CRASH",)))
+        await events.wait_for(lambda: events.died)
+        assert events.replies == [] and events.died == [w]
+
+
+async def test_no_restart_keeps_a_dead_slot_dead() -> None:
+    async with running_pool("sim", restart=False) as (pool, events):
+        pid = pool.workers()[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await events.wait_for(lambda: events.died)
+        assert pool.ready_count() == 0 and pool.workers()[0].state == "dead"
+
+
+async def test_stop_leaves_no_worker_process_behind() -> None:
+    async with running_pool("sim", workers=2) as (pool, _events):
+        pids = pool.pids
+        await pool.stop()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,0 +1,41 @@
+"""Test models with real behaviour, importable by spawned workers as `tests.models:<name>`."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def poison(inputs: list[str]) -> list[str]:
+    """Raise on any batch holding an input with POISON in it; reverse otherwise."""
+    bad = [s for s in inputs if "POISON" in s]
+    if bad:
+        raise ValueError(f"cannot handle {bad[0]!r}")
+    return [s[::-1] for s in inputs]
+
+
+def counting(inputs: list[str]) -> list[str]:
+    """Append one line per input to $BATCHGATE_TEST_COUNT_FILE, so a test counts model runs."""
+    path = os.environ["BATCHGATE_TEST_COUNT_FILE"]
+    with open(path, "a") as f:
+        f.writelines(s + "\n" for s in inputs)
+    return [s[::-1] for s in inputs]
+
+
+def crash_on_marker(inputs: list[str]) -> list[str]:
+    """Die like a segfaulting CUDA kernel when an input says CRASH."""
+    if any("CRASH" in s for s in inputs):
+        os._exit(137)
+    return [s[::-1] for s in inputs]
+
+
+def hang_on_marker(inputs: list[str]) -> list[str]:
+    """Never return when an input says HANG (a wedged GPU)."""
+    if any("HANG" in s for s in inputs):
+        time.sleep(3600)
+    return [s[::-1] for s in inputs]
+
+
+def short_by_one(inputs: list[str]) -> list[str]:
+    """Break the contract: one output too few."""
+    return [s[::-1] for s in inputs][1:]
