@@ -3,6 +3,7 @@ ever touches a worker."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import asdict
@@ -13,14 +14,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from api.auth import KeyRing, Principal
-from api.errors import ApiError, error_response, to_api_error
+from api.errors import ApiError, error_response, retry_after, to_api_error
 from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
 from api.requests import Limits, PendingRequest, parse_body, parse_timeout
 from api.service import Service
 from batcher import DeadlineExceeded, Item
+from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse
 
 JSON = "application/json"
+MAX_IDEMPOTENCY_KEY = 255
 
 
 class Routes:
@@ -38,28 +41,74 @@ class Routes:
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.name.lower()
-            response = await self._serve(request, principal)
+            key = request.headers.get("idempotency-key")
+            if key is None:
+                response = await self._serve(request, principal)
+            else:
+                response = await self._idempotent(request, principal, key)
         except Exception as exc:  # translated at the boundary, never a traceback
-            err = to_api_error(exc)
-            if err.status in (429, 503):
-                self.metrics.rejected.labels(tier, err.code).inc()
-            response = error_response(err.status, err.code, err.message, err.headers)
+            response = self._error(exc, tier)
         self.metrics.requests.labels(tier, str(response.status_code)).inc()
         self.metrics.duration.labels(tier).observe(time.perf_counter() - started)
         return response
 
-    async def _serve(self, request: Request, principal: Principal) -> Response:
+    def _error(self, exc: BaseException, tier: str) -> Response:
+        err = to_api_error(exc)
+        if err.status in (429, 503):
+            self.metrics.rejected.labels(tier, err.code).inc()
+        return error_response(err.status, err.code, err.message, err.headers)
+
+    async def _idempotent(self, request: Request, principal: Principal, key: str) -> Response:
+        """Run a keyed request once per account: join it in flight, or replay its answer."""
+        if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise ApiError(400, "invalid_idempotency_key",
+                           f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
+        body = await _read_body(request, self.limits.max_body_bytes)
+        store, clock = self.service.idempotency, self.service.clock
+        scope = principal.account if principal.key else ""  # anonymous: a scope of its own
+        begin = store.begin(scope, key, hashlib.sha256(body).digest(), clock.now())
+        if isinstance(begin, Replay):
+            self.metrics.replays.inc()
+            return _stored(begin.response)
+        if isinstance(begin, Join):
+            with anyio.move_on_after(self._timeout(request, principal)):
+                stored = await begin.entry.wait()
+                if stored is LEADER_GONE:
+                    raise ApiError(503, "retry", "the original request did not finish",
+                                   retry_after(1))
+                self.metrics.replays.inc()
+                return _stored(stored)
+            raise DeadlineExceeded("the original request is still running")
+        assert isinstance(begin, Lead)
+        try:
+            try:
+                response = await self._serve(request, principal, body)
+            except Exception as exc:
+                response = self._error(exc, principal.tier.name.lower())
+            store.complete(begin.entry, StoredResponse(response.status_code, bytes(response.body)),
+                           clock.now())
+            return response
+        finally:
+            store.abandon(begin.entry, clock.now())  # a no-op once completed
+
+    def _timeout(self, request: Request, principal: Principal) -> float:
+        return parse_timeout(
+            request.headers.get("x-request-timeout-ms"),
+            self.keys.tiers[principal.tier].timeout_ms / 1000,
+            self.service.settings.max_request_timeout_ms / 1000,
+        )
+
+    async def _serve(
+        self, request: Request, principal: Principal, body: bytes | None = None
+    ) -> Response:
         service = self.service
         now = service.clock.now()
         factor = pressure_factor(service.pressure(principal.tier))
         self.rate_limiter.check(principal, now, factor)
-        body = await _read_body(request, self.limits.max_body_bytes)
+        if body is None:
+            body = await _read_body(request, self.limits.max_body_bytes)
         parsed = parse_body(body, self.limits)
-        timeout = parse_timeout(
-            request.headers.get("x-request-timeout-ms"),
-            self.keys.tiers[principal.tier].timeout_ms / 1000,
-            service.settings.max_request_timeout_ms / 1000,
-        )
+        timeout = self._timeout(request, principal)
         pending = PendingRequest(len(parsed.texts))
         items = service.new_items(parsed.texts, principal.tier, now, timeout, pending)
         service.batcher.admit(items, timeout)
@@ -119,6 +168,11 @@ class Routes:
             return error_response(401, "unauthorized", "an admin key is required")
         workers = [asdict(w) for w in self.service.workers()]
         return Response(orjson.dumps({"workers": workers}), media_type=JSON)
+
+
+def _stored(stored: StoredResponse) -> Response:
+    return Response(stored.body, status_code=stored.status, media_type=JSON,
+                    headers={"Idempotent-Replayed": "true"})
 
 
 async def _watch_disconnect(request: Request, pending: PendingRequest) -> None:

@@ -26,7 +26,13 @@ from batcher import (
     Tier,
     TierQueues,
 )
-from failover import Dispatcher, InFlightTable, NoHealthyWorker
+from failover import (
+    Dispatcher,
+    IdempotencyStore,
+    InFlightTable,
+    MemoryIdempotencyStore,
+    NoHealthyWorker,
+)
 from gpu_pool import PoolSettings, WorkerInfo, WorkerPool
 
 log = logging.getLogger("batchgate.service")
@@ -85,6 +91,9 @@ class Service:
             events=self.dispatcher,
         )
         self.dispatcher.bind(self.batcher, self.pool)
+        self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
+            ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries
+        )
         self.draining = False
         self._batcher_done = anyio.Event()
         metrics.watch(self.snapshot)

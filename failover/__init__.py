@@ -11,21 +11,43 @@ from failover.errors import (
     NoHealthyWorker,
     WorkerCrashed,
 )
+from failover.idempotency import (
+    LEADER_GONE,
+    Begin,
+    Entry,
+    IdempotencyStatistics,
+    IdempotencyStore,
+    Join,
+    Lead,
+    MemoryIdempotencyStore,
+    Replay,
+    StoredResponse,
+)
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
 
 __all__ = [
+    "LEADER_GONE",
     "Actions",
+    "Begin",
     "ContractViolation",
     "Dispatch",
     "DispatchObserver",
     "Dispatcher",
     "DispatcherStatistics",
+    "Entry",
     "IdempotencyMismatch",
+    "IdempotencyStatistics",
+    "IdempotencyStore",
     "InFlight",
     "InFlightTable",
+    "Join",
+    "Lead",
+    "MemoryIdempotencyStore",
     "ModelError",
     "NoHealthyWorker",
     "Pool",
+    "Replay",
+    "StoredResponse",
     "TableStatistics",
     "WorkerCrashed",
 ]

@@ -201,8 +201,12 @@ class InFlightTable:
         return actions
 
     def hung(self, now: float) -> list[WorkerId]:
-        """Workers whose batch has run past its hang deadline (to be killed)."""
-        return [b.worker for b in self._batches.values() if b.hang_deadline <= now]
+        """Workers whose batch has run past its hang deadline, each reported once: the
+        caller kills them, and their death re-routes the batch."""
+        late = [b for b in self._batches.values() if b.hang_deadline <= now]
+        for batch in late:
+            batch.hang_deadline = math.inf
+        return [b.worker for b in late]
 
     def next_hang_deadline(self) -> float:
         return min((b.hang_deadline for b in self._batches.values()), default=math.inf)

@@ -101,6 +101,7 @@ def test_hung_batches_are_reported_after_their_deadline() -> None:
     table.worker_up(WorkerId(1))
     table.assign(make_items(sink, 0, 1), now=10.0, hang_timeout=5.0)
     assert table.hung(now=14.9) == [] and table.hung(now=15.0) == [WorkerId(1)]
+    assert table.hung(now=16.0) == []  # reported once; its death does the rest
 
 
 def test_max_attempts_is_validated() -> None:

@@ -1,0 +1,217 @@
+"""Idempotency keys: a retried request gets the first attempt's answer, and the model runs once.
+
+Plain synchronous code, like the table: `begin` decides whether the caller leads, joins the
+attempt in flight, or replays a stored answer; `complete` records the leader's answer and
+wakes the joiners. Only final answers are kept (2xx and 4xx): a 5xx is dropped so that a
+retry really retries, though the requests that joined that attempt still receive it.
+
+Bounds: at most `max_entries` completed answers are held, the oldest evicted first, each for
+`ttl` seconds. Entries in flight are never evicted (their joiners would lose the leader);
+their number is bounded elsewhere, by the queue caps, and they count toward `max_entries`
+only to decide how many completed answers to keep. Time is passed in; nothing reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+import anyio
+
+from failover.errors import IdempotencyMismatch
+
+Key: TypeAlias = tuple[str, str]  # (scope, idempotency key); a scope is an account
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    status: int
+    body: bytes
+
+
+# What joiners receive when their leader goes away without an answer (see `abandon`).
+LEADER_GONE = StoredResponse(503, b"")
+
+
+class Entry:
+    """One request under a key: in flight until `response` is set, then settled for good."""
+
+    __slots__ = ("_settled", "expires", "fingerprint", "key", "response")
+
+    def __init__(self, key: Key, fingerprint: bytes) -> None:
+        self.key = key
+        self.fingerprint = fingerprint
+        self.response: StoredResponse | None = None
+        self.expires = float("inf")
+        self._settled: anyio.Event | None = None  # made by the first joiner, inside the loop
+
+    async def wait(self) -> StoredResponse:
+        """The leader's response once it completes; `LEADER_GONE` if it was abandoned."""
+        while (response := self.response) is None:
+            if self._settled is None:
+                self._settled = anyio.Event()
+            await self._settled.wait()
+        return response
+
+    def _settle(self, response: StoredResponse) -> None:
+        # Sync and loop-safe: may run from a plain event-loop callback.
+        self.response = response
+        if self._settled is not None:
+            self._settled.set()
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """First with this key: run the request, then `complete` (and `abandon` in `finally`)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """The same request is in flight: `await entry.wait()` for its response."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """The same request completed earlier: answer with this response."""
+
+    response: StoredResponse
+
+
+Begin: TypeAlias = Lead | Join | Replay
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyStatistics:
+    entries: int  # completed answers held
+    in_flight: int
+    leads: int
+    replays: int
+    joins: int
+    mismatches: int
+    dropped: int  # 5xx (and abandoned) answers not kept
+    evictions: int
+    expirations: int
+
+
+class IdempotencyStore(Protocol):
+    """The seam: a shared store (e.g. Redis) can replace the in-memory one."""
+
+    def begin(self, scope: str, key: str, fingerprint: bytes, now: float) -> Begin: ...
+    def complete(self, entry: Entry, response: StoredResponse, now: float) -> None: ...
+    def abandon(self, entry: Entry, now: float) -> None: ...
+    def statistics(self) -> IdempotencyStatistics: ...
+
+
+def is_storable(status: int) -> bool:
+    """2xx and 4xx are final answers; anything else (5xx above all) may succeed on retry."""
+    return 200 <= status < 300 or 400 <= status < 500
+
+
+class MemoryIdempotencyStore:
+    """The embedded default, for a single process. Not thread-safe: call it from the loop."""
+
+    def __init__(self, *, ttl: float, max_entries: int) -> None:
+        if not ttl > 0:  # also refuses NaN
+            raise ValueError(f"ttl must be > 0 seconds, got {ttl}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self._ttl = ttl
+        self._max_entries = max_entries
+        self._in_flight: dict[Key, Entry] = {}
+        self._completed: OrderedDict[Key, Entry] = OrderedDict()  # completion order
+        self._leads = self._replays = self._joins = self._mismatches = 0
+        self._dropped = self._evictions = self._expirations = 0
+
+    def begin(self, scope: str, key: str, fingerprint: bytes, now: float) -> Begin:
+        """Lead, join or replay the request under (scope, key).
+
+        Raises IdempotencyMismatch if the live entry under that key has another fingerprint.
+        """
+        self._expire(now)
+        k = (scope, key)
+        entry = self._in_flight.get(k) or self._completed.get(k)
+        if entry is None:
+            entry = self._in_flight[k] = Entry(k, fingerprint)
+            self._leads += 1
+            self._evict()
+            return Lead(entry)
+        if entry.fingerprint != fingerprint:
+            self._mismatches += 1
+            raise IdempotencyMismatch("this idempotency key was used with another request")
+        if entry.response is None:
+            self._joins += 1
+            return Join(entry)
+        self._replays += 1
+        return Replay(entry.response)
+
+    def complete(self, entry: Entry, response: StoredResponse, now: float) -> None:
+        """Settle a lead: wake its joiners with `response`; keep it if 2xx/4xx, else drop it.
+
+        Raises ValueError if `entry` is not in flight in this store (e.g. completed twice).
+        """
+        if self._in_flight.get(entry.key) is not entry:
+            raise ValueError("entry is not in flight in this store (completed twice?)")
+        self._expire(now)
+        del self._in_flight[entry.key]
+        entry._settle(response)
+        if is_storable(response.status):
+            entry.expires = now + self._ttl
+            self._completed[entry.key] = entry
+            self._evict()
+        else:
+            self._dropped += 1
+
+    def abandon(self, entry: Entry, now: float) -> None:
+        """The leader is going away: settle with `LEADER_GONE` unless already complete.
+
+        Safe to call in a `finally:` after `complete`, so no joiner can wait forever.
+        """
+        if entry.response is None:
+            self.complete(entry, LEADER_GONE, now)
+
+    def _expire(self, now: float) -> None:
+        # Completion order is expiry order (one ttl, monotonic now): sweep from the front.
+        while self._completed:
+            key, oldest = next(iter(self._completed.items()))
+            if oldest.expires > now:
+                return
+            del self._completed[key]
+            self._expirations += 1
+
+    def _evict(self) -> None:
+        while self._completed and len(self._completed) + len(self._in_flight) > self._max_entries:
+            self._completed.popitem(last=False)
+            self._evictions += 1
+
+    def statistics(self) -> IdempotencyStatistics:
+        return IdempotencyStatistics(
+            entries=len(self._completed),
+            in_flight=len(self._in_flight),
+            leads=self._leads,
+            replays=self._replays,
+            joins=self._joins,
+            mismatches=self._mismatches,
+            dropped=self._dropped,
+            evictions=self._evictions,
+            expirations=self._expirations,
+        )
+
+
+__all__ = [
+    "LEADER_GONE",
+    "Begin",
+    "Entry",
+    "IdempotencyStatistics",
+    "IdempotencyStore",
+    "Join",
+    "Lead",
+    "MemoryIdempotencyStore",
+    "Replay",
+    "StoredResponse",
+    "is_storable",
+]

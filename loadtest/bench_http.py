@@ -1,0 +1,183 @@
+"""HTTP benchmark: the real server (`--model sim`), offered an open-loop load, one row a run.
+
+Read every row against the physical limits: no answer before 100 ms, N workers answer at
+most N x 1,000 items/s; the flush policy alone allows the figures in DESIGN.md. The load
+generator shares this machine's cores with the server (2 here): the `client cpu` column
+and the `gen` flag say how much it took and whether it kept to its schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from loadtest.probe import ProbeConfig, ProbeResult, TrafficClass, run_probe
+from loadtest.server import RunningServer, cpu_seconds, fetch_metrics, metric, running_server
+
+DEFAULT_RATES = ("100@10", "100@2", "800@1", "1600@2")
+KEYS_FILE = Path(__file__).resolve().parents[1] / "examples" / "keys.toml"
+REASONS = ("full", "timeout", "idle", "retry")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    rps: float
+    workers: int
+    idle_trigger: bool | None  # None: the server's default
+
+    @property
+    def name(self) -> str:
+        idle = {None: "", True: " idle=on", False: " idle=off"}[self.idle_trigger]
+        return f"{self.rps:.0f}rps/{self.workers}w{idle}"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    scenario: str
+    workers: int
+    offered_rps: float
+    sent_rps: float
+    achieved_rps: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_fill: float
+    mean_batch_ms: float
+    flushes: dict[str, int]
+    server_cpu_ms_per_req: float
+    workers_cpu_ms_per_req: float
+    client_cpu_pct: float
+    ok: int
+    wrong: int
+    lost: int
+    errors: int
+    statuses: dict[int, int]
+    error_kinds: dict[str, int]
+    lag_p95_ms: float
+    generator_behind: bool
+
+
+def measure(
+    s: Scenario, duration_s: float, warmup_s: float, key: str | None, keys_file: Path | None
+) -> Row:
+    """Start a server, warm it, then probe once between two reads of /metrics and CPU."""
+    args = [] if s.idle_trigger is None else ["--idle-trigger", str(s.idle_trigger).lower()]
+    args += ["--keys", str(keys_file)] if keys_file else []
+    classes = (TrafficClass.bearer("paid" if key else "anonymous", key),)
+    with running_server(s.workers, "sim", args) as srv:
+        if warmup_s > 0:
+            warm = ProbeConfig(srv.url, s.rps, warmup_s, classes=classes, timeout_s=5.0)
+            asyncio.run(run_probe(warm))
+        before, cpu0, wcpu0 = _read(srv)
+        client0 = time.process_time()
+        cfg = ProbeConfig(srv.url, s.rps, duration_s, classes=classes, timeout_s=10.0)
+        result = asyncio.run(run_probe(cfg))
+        client = time.process_time() - client0
+        after, cpu1, wcpu1 = _read(srv)
+    return _row(s, result, before, after, cpu1 - cpu0, wcpu1 - wcpu0, client)
+
+
+def _read(srv: RunningServer) -> tuple[dict[str, float], float, float]:
+    return fetch_metrics(srv.url), cpu_seconds(srv.pid), cpu_seconds(srv.pid, children=True)
+
+
+def _row(
+    s: Scenario, r: ProbeResult, before: dict[str, float], after: dict[str, float],
+    cpu: float, workers_cpu: float, client: float,
+) -> Row:
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    batches = delta("batchgate_batch_size_count")
+    answered = max(1, sum(r.statuses.values()))
+    return Row(
+        scenario=s.name, workers=s.workers, offered_rps=s.rps,
+        sent_rps=r.sent / r.duration_s, achieved_rps=r.achieved_rps,
+        p50_ms=r.latency.p50 * 1e3, p95_ms=r.latency.p95 * 1e3, p99_ms=r.latency.p99 * 1e3,
+        mean_fill=delta("batchgate_batch_size_sum") / batches if batches else 0.0,
+        mean_batch_ms=delta("batchgate_batch_duration_seconds_sum") * 1e3 / batches
+        if batches else 0.0,
+        flushes={k: int(delta("batchgate_batch_flush_total", reason=k)) for k in REASONS},
+        server_cpu_ms_per_req=cpu * 1e3 / answered,
+        workers_cpu_ms_per_req=workers_cpu * 1e3 / answered,
+        client_cpu_pct=100 * client / r.wall_s, ok=r.ok, wrong=r.wrong, lost=r.lost,
+        errors=r.rejected + r.shed + r.lost, statuses=dict(r.statuses),
+        error_kinds=dict(r.errors), lag_p95_ms=r.lag.p95 * 1e3,
+        generator_behind=r.generator_behind,
+    )
+
+
+HEADER = (
+    f"{'scenario':<20} {'wk':>2} {'offer':>6} {'sent':>6} {'achvd':>6} {'p50':>6} {'p95':>6} "
+    f"{'p99':>6} {'fill':>5} {'batch':>5} {'flush f/t/i/r':<17} {'srv ms/req':>10} "
+    f"{'wk ms/req':>9} {'cli cpu':>7} {'wrong':>5} {'lost':>5} {'err':>5} gen (lag p95)"
+)
+
+
+def format_row(r: Row) -> str:
+    flush = "/".join(str(r.flushes[k]) for k in REASONS)
+    gen = "BEHIND" if r.generator_behind else "ok"
+    return (
+        f"{r.scenario:<20} {r.workers:>2} {r.offered_rps:>6.0f} {r.sent_rps:>6.0f} "
+        f"{r.achieved_rps:>6.0f} {r.p50_ms:>6.1f} {r.p95_ms:>6.1f} {r.p99_ms:>6.1f} "
+        f"{r.mean_fill:>5.1f} {r.mean_batch_ms:>5.1f} {flush:<17} {r.server_cpu_ms_per_req:>10.3f} "
+        f"{r.workers_cpu_ms_per_req:>9.3f} {r.client_cpu_pct:>6.0f}% {r.wrong:>5} {r.lost:>5} "
+        f"{r.errors:>5} {gen} ({r.lag_p95_ms:.1f} ms){_detail(r)}"
+    )
+
+
+def _detail(r: Row) -> str:
+    """What the errors were: non-200 statuses and lost/shed kinds."""
+    parts = [f"{s}:{n}" for s, n in sorted(r.statuses.items()) if s != 200]
+    parts += [f"{k}:{n}" for k, n in sorted(r.error_kinds.items())]
+    return f" [{' '.join(parts)}]" if parts else ""
+
+
+def scenarios(rates: Sequence[str], workers: int, idle: str) -> list[Scenario]:
+    """`RPS@WORKERS` specs (a bare RPS uses `workers`), each once per idle-trigger setting."""
+    choices: dict[str, list[bool | None]] = {
+        "default": [None], "on": [True], "off": [False], "both": [True, False]}
+    settings = choices[idle]
+    out = []
+    for spec in rates:
+        rps, _, w = spec.partition("@")
+        out += [Scenario(float(rps), int(w or workers), t) for t in settings]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_http", description=__doc__)
+    p.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES), metavar="RPS[@WORKERS]")
+    p.add_argument("--workers", type=int, default=1, help="for rates given without @WORKERS")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before measuring")
+    p.add_argument("--quick", action="store_true", help="3 s runs, 1 s warm-up")
+    p.add_argument("--idle-trigger", choices=["default", "on", "off", "both"], default="default")
+    p.add_argument("--key", default="paid-demo-key", help="bearer key sent ('' for none)")
+    p.add_argument("--keys-file", type=Path, default=KEYS_FILE, help="server's --keys")
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON")
+    a = p.parse_args(argv)
+    duration, warmup = (3.0, 1.0) if a.quick else (a.duration, a.warmup)
+    rows: list[Row] = []
+    print(f"open-loop Poisson, {duration:.0f} s per run after {warmup:.0f} s warm-up, key "
+          f"{a.key or 'none'}; latency from the scheduled send; floor 100 ms, capacity "
+          "1,000 items/s per worker; generator in this process, sharing the cores")
+    print(HEADER, flush=True)
+    for s in scenarios(a.rates, a.workers, a.idle_trigger):
+        rows.append(measure(s, duration, warmup, a.key or None, a.keys_file))
+        print(format_row(rows[-1]), flush=True)
+    if a.json:
+        opts = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS
+        a.json.write_bytes(orjson.dumps([asdict(r) for r in rows], option=opts))
+    return 1 if any(r.wrong or r.lost for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

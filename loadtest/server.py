@@ -1,0 +1,190 @@
+"""Start the real `batchgate serve` as a child process for load tests, and read it from outside.
+
+Readiness here is an external process's, so polling `/readyz` (bounded) is the right tool.
+The server runs in its own session: a Ctrl-C at the benchmark does not reach it or its
+workers; `stop()` drains it with SIGTERM and says which of its processes outlived it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?)\s+(\S+)")
+
+
+class ServerError(RuntimeError):
+    """The server did not become ready, or died; the message ends with its log's tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 20) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def free_port() -> int:
+    """A port free right now on 127.0.0.1 (the kernel's pick; a small race is acceptable)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(
+    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0
+) -> RunningServer:
+    """Spawn `batchgate serve` on a free port and return once `/readyz` answers 200."""
+    port = free_port()
+    fd, name = tempfile.mkstemp(prefix=f"batchgate-{port}-", suffix=".log")
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--model", model, "--workers", str(workers), *args]
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    server = RunningServer(proc, port, Path(name))
+    try:
+        wait_ready(server, ready_timeout_s)
+    except BaseException:
+        stop_server(server)
+        raise
+    return server
+
+
+def wait_ready(server: RunningServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise ServerError(f"server exited with {server.process.returncode}:\n"
+                              + server.log_tail())
+        if _ready(server.url):
+            return
+        time.sleep(0.1)
+    raise ServerError(f"server not ready after {timeout_s:.0f} s:\n" + server.log_tail())
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:  # refused while starting, or 503 (HTTPError) until the workers are up
+        return False
+
+
+def stop_server(server: RunningServer, grace_s: float = 20.0) -> list[int]:
+    """SIGTERM, then SIGKILL after `grace_s`. Returns the pids of the server's children that
+    were still alive after it exited (then killed): a clean drain returns []."""
+    children = _children(server.pid)
+    proc = server.process
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5.0)
+    return _kill_survivors(children)
+
+
+@contextlib.contextmanager
+def running_server(
+    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0
+) -> Iterator[RunningServer]:
+    """`with running_server(2) as srv:` ... the server is stopped on every path."""
+    server = start_server(workers, model, args, ready_timeout_s)
+    try:
+        yield server
+    finally:
+        leftovers = stop_server(server)
+        if leftovers:
+            print(f"warning: server {server.pid} left processes {leftovers}", file=sys.stderr)
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_survivors(pids: list[int], settle_s: float = 3.0) -> list[int]:
+    """Give the children `settle_s` to follow their parent out (the multiprocessing
+    resource tracker leaves a moment after it), then kill and name the ones still there."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(procs, timeout=settle_s)
+    killed: list[int] = []
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+                killed.append(p.pid)
+    return killed
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of one process (or, with `children`, of its live children
+    instead), as the kernel counts them."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    procs = proc.children(recursive=True) if children else [proc]
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def fetch_metrics(url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """`/metrics` as {'name{labels}': value}; comments and unparsable lines are skipped."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    return parse_metrics(text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        with contextlib.suppress(ValueError):
+            samples[m.group(1)] = float(m.group(2))
+    return samples
+
+
+def metric(samples: Mapping[str, float], name: str, **labels: str) -> float:
+    """One sample by name and labels in exposition order, e.g. reason="idle"; 0.0 if absent."""
+    key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    return samples.get(key, 0.0)

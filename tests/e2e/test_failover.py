@@ -1,0 +1,99 @@
+"""Faults with real worker processes: crashes mid-batch, hangs, poison inputs, idempotency."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from loadtest.server import fetch_metrics, metric, running_server
+from tests.e2e.test_serve import post_many
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+PAID = {"Authorization": "Bearer paid-demo-key"}
+KEYS = ["--keys", "examples/keys.toml"]
+
+
+async def workers_in_state(url: str, state: str, n: int) -> list[int]:
+    """Wait until `n` workers report `state`; their pids. Polls the other process."""
+    async with httpx.AsyncClient(base_url=url) as client:
+        with anyio.fail_after(30):
+            while True:
+                r = await client.get("/admin/workers",
+                                     headers={"Authorization": "Bearer admin-demo-key"})
+                pids = [w["pid"] for w in r.json()["workers"] if w["state"] == state]
+                if len(pids) >= n:
+                    return pids
+                await anyio.sleep(0.01)  # another process: poll it
+
+
+async def test_sigkill_mid_batch_loses_and_duplicates_nothing() -> None:
+    args = [*KEYS, "--batch-latency-ms", "300", "--max-wait-ms", "100"]
+    with running_server(workers=2, args=args) as srv:
+        texts = [f"kill-{i}-{os.urandom(3).hex()}" for i in range(40)]
+        async with anyio.create_task_group() as tg:
+            results: list[httpx.Response] = []
+
+            async def send() -> None:
+                results.extend(await post_many(srv.url, [{"input": t} for t in texts], PAID))
+
+            tg.start_soon(send)
+            (pid, *_) = await workers_in_state(srv.url, "busy", 1)
+            os.kill(pid, signal.SIGKILL)
+        assert [r.status_code for r in results] == [200] * 40
+        assert [r.json()["output"] for r in results] == [t[::-1] for t in texts]
+        m = fetch_metrics(srv.url)
+        assert metric(m, "batchgate_worker_crashes_total") == 1
+        assert metric(m, "batchgate_batch_reroutes_total") >= 1
+
+
+async def test_a_hung_batch_is_killed_and_rerouted() -> None:
+    args = [*KEYS, "--model", "tests.models:hang_on_marker", "--hang-timeout-ms", "1000",
+            "--max-attempts", "2"]
+    with running_server(workers=2, args=args) as srv:
+        (hung,) = await post_many(srv.url, [{"input": "HANG"}], PAID)
+        assert hung.status_code == 503 and hung.json()["error"]["code"] == "worker_crashed"
+        assert metric(fetch_metrics(srv.url), "batchgate_worker_hangs_total") == 2
+        await workers_in_state(srv.url, "ready", 2)
+        (fine,) = await post_many(srv.url, [{"input": "fine"}], PAID)
+        assert fine.json()["output"] == "enif"  # the killed workers came back
+
+
+async def test_one_poison_input_fails_alone_in_a_batch_of_51() -> None:
+    args = [*KEYS, "--model", "tests.models:poison", "--max-wait-ms", "1000"]
+    with running_server(workers=1, args=args) as srv:
+        texts = [f"ok-{i}" for i in range(50)] + ["POISON pill"]
+        responses = await post_many(srv.url, [{"input": t} for t in texts], PAID)
+        assert [r.json()["output"] for r in responses[:50]] == [t[::-1] for t in texts[:50]]
+        assert responses[50].status_code == 500
+        error = responses[50].json()["error"]
+        assert error["code"] == "model_error" and "ValueError" in error["message"]
+        assert "Traceback" not in responses[50].text
+        m = fetch_metrics(srv.url)
+        assert metric(m, "batchgate_batch_size_count") > 1  # it was bisected
+        assert metric(m, "batchgate_bisect_runs_total") <= 16
+
+
+async def test_twenty_requests_with_one_key_run_the_model_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = tmp_path / "runs.txt"
+    monkeypatch.setenv("BATCHGATE_TEST_COUNT_FILE", str(count))
+    args = [*KEYS, "--model", "tests.models:counting", "--batch-latency-ms", "200"]
+    with running_server(workers=2, args=args) as srv:
+        headers = {**PAID, "Idempotency-Key": "order-42"}
+        responses = await post_many(srv.url, [{"input": "once"}] * 20, headers)
+        assert {r.status_code for r in responses} == {200}
+        assert len({r.text for r in responses}) == 1
+        assert count.read_text().splitlines() == ["once"]
+        (later,) = await post_many(srv.url, [{"input": "once"}], headers)
+        assert later.text == responses[0].text
+        assert later.headers["idempotent-replayed"] == "true"
+        (other,) = await post_many(srv.url, [{"input": "twice"}], headers)
+        assert other.status_code == 422
+        assert other.json()["error"]["code"] == "idempotency_key_reused"
+        assert count.read_text().splitlines() == ["once"]

@@ -1,0 +1,114 @@
+"""The real server with `sim` workers, over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import anyio
+import httpx
+import pytest
+
+from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+PAID = {"Authorization": "Bearer paid-demo-key"}
+ADMIN = {"Authorization": "Bearer admin-demo-key"}
+KEYS = ["--keys", "examples/keys.toml"]
+
+
+async def post_many(url: str, bodies: list[dict[str, object]], headers: dict[str, str]
+                    ) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+        out: list[httpx.Response | None] = [None] * len(bodies)
+
+        async def one(i: int) -> None:
+            out[i] = await client.post("/v1/batchstring", json=bodies[i], headers=headers)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(bodies)):
+                tg.start_soon(one, i)
+    return [r for r in out if r is not None]
+
+
+async def test_every_client_gets_its_own_answer_and_batches_form() -> None:
+    with running_server(workers=2, args=KEYS) as srv:
+        texts = [f"request-{i:04d}-{os.urandom(4).hex()}" for i in range(300)]
+        responses = await post_many(srv.url, [{"input": t} for t in texts], PAID)
+        assert [r.status_code for r in responses] == [200] * 300
+        assert [r.json()["output"] for r in responses] == [t[::-1] for t in texts]
+        assert len({r.json()["id"] for r in responses}) == 300
+        assert all("queue;dur=" in r.headers["server-timing"] for r in responses)
+        m = fetch_metrics(srv.url)
+        assert metric(m, "batchgate_batch_size_sum") == 300
+        assert metric(m, "batchgate_batch_size_count") < 150  # batches larger than one
+
+
+async def test_many_inputs_are_collated_in_order() -> None:
+    with running_server(workers=2) as srv:
+        texts = [f"in-{i}" for i in range(100)]
+        (r,) = await post_many(srv.url, [{"inputs": texts}], {})
+        assert r.status_code == 200 and r.json()["outputs"] == [t[::-1] for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status", "code"),
+    [
+        (b"{oops", {}, 400, "malformed_json"),
+        (b'{"input": 5}', {}, 400, "invalid_request"),
+        (b'{"inputs": []}', {}, 422, "empty_inputs"),
+        (b'{"input": "' + b"x" * 10_001 + b'"}', {}, 413, "input_too_large"),
+        (b"x" * 2_000_000, {}, 413, "body_too_large"),
+        (b'{"input": "a"}', {"Authorization": "Bearer wrong"}, 401, "unauthorized"),
+        (b'{"input": "a"}', {"X-Request-Timeout-Ms": "soon"}, 400, "invalid_timeout"),
+    ],
+)
+def test_bad_requests_get_json_errors(
+    shared_server: str, body: bytes, headers: dict[str, str], status: int, code: str
+) -> None:
+    r = httpx.post(shared_server + "/v1/batchstring", content=body, headers=headers, timeout=30)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code and "Traceback" not in r.text
+
+
+def test_unknown_paths_and_methods_are_json_too(shared_server: str) -> None:
+    assert httpx.get(shared_server + "/nope").json()["error"]["code"] == "not_found"
+    r = httpx.get(shared_server + "/v1/batchstring")
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_admin_workers_needs_the_admin_key(shared_server: str) -> None:
+    assert httpx.get(shared_server + "/admin/workers").status_code == 401
+    workers = httpx.get(shared_server + "/admin/workers", headers=ADMIN).json()["workers"]
+    assert len(workers) == 2 and {w["state"] for w in workers} <= {"ready", "busy"}
+    assert all(isinstance(w["pid"], int) and w["batches"] >= 0 for w in workers)
+
+
+def test_health_and_readiness(shared_server: str) -> None:
+    assert httpx.get(shared_server + "/healthz").status_code == 200
+    ready = httpx.get(shared_server + "/readyz").json()
+    assert ready["ready"] and ready["workers_ready"] == 2
+
+
+async def test_sigterm_finishes_in_flight_work_and_leaves_no_process() -> None:
+    srv = start_server(workers=2, args=["--batch-latency-ms", "300", *KEYS])
+    try:
+        async with anyio.create_task_group() as tg:
+            results: list[httpx.Response] = []
+
+            async def send() -> None:
+                bodies: list[dict[str, object]] = [{"input": f"d{i}"} for i in range(20)]
+                results.extend(await post_many(srv.url, bodies, PAID))
+
+            tg.start_soon(send)
+            with anyio.fail_after(10):
+                while metric(fetch_metrics(srv.url), "batchgate_batch_size_count") < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)  # another process: poll its metrics
+            os.kill(srv.pid, signal.SIGTERM)
+        assert [r.json()["output"] for r in results] == [f"d{i}"[::-1] for i in range(20)]
+    finally:
+        leftovers = stop_server(srv)
+    # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too.
+    assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
+    assert "Application shutdown complete" in srv.log_tail(40)

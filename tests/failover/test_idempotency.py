@@ -1,0 +1,351 @@
+"""The idempotency store: lead, join, replay, refuse; only final answers kept, bounded, expiring."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    invariant,
+    multiple,
+    rule,
+)
+
+from failover.errors import IdempotencyMismatch
+from failover.idempotency import (
+    LEADER_GONE,
+    Entry,
+    IdempotencyStore,
+    Join,
+    Lead,
+    MemoryIdempotencyStore,
+    Replay,
+    StoredResponse,
+)
+from tests.virtual import run_virtual
+
+OK = StoredResponse(200, b'{"embeddings": []}')
+INVALID = StoredResponse(422, b'{"error": "invalid"}')
+UNAVAILABLE = StoredResponse(503, b'{"error": "unavailable"}')
+
+
+def store(ttl: float = 10.0, max_entries: int = 100) -> MemoryIdempotencyStore:
+    return MemoryIdempotencyStore(ttl=ttl, max_entries=max_entries)
+
+
+def lead(s: IdempotencyStore, key: str, body: bytes = b"x", now: float = 0.0) -> Entry:
+    begun = s.begin("acct", key, body, now)
+    assert isinstance(begun, Lead)
+    return begun.entry
+
+
+# -- plain behaviour ----------------------------------------------------------------------
+def test_first_request_leads_and_is_in_flight() -> None:
+    s = store()
+    entry = lead(s, "k")
+    assert entry.response is None
+    assert s.statistics().in_flight == 1 and s.statistics().entries == 0
+
+
+def test_repeat_in_flight_joins_the_same_entry() -> None:
+    s = store()
+    entry = lead(s, "k")
+    assert s.begin("acct", "k", b"x", 1.0) == Join(entry)
+
+
+def test_repeat_after_completion_replays_the_stored_response() -> None:
+    s = store()
+    s.complete(lead(s, "k"), OK, 1.0)
+    assert s.begin("acct", "k", b"x", 2.0) == Replay(OK)
+
+
+def test_a_4xx_is_final_and_replayed() -> None:
+    s = store()
+    s.complete(lead(s, "k"), INVALID, 1.0)
+    assert s.begin("acct", "k", b"x", 2.0) == Replay(INVALID)
+
+
+def test_another_body_under_the_same_key_is_refused_in_flight_and_after() -> None:
+    s = store()
+    entry = lead(s, "k")
+    with pytest.raises(IdempotencyMismatch):
+        s.begin("acct", "k", b"other", 1.0)
+    s.complete(entry, OK, 1.0)
+    with pytest.raises(IdempotencyMismatch):
+        s.begin("acct", "k", b"other", 2.0)
+    assert s.statistics().mismatches == 2
+
+
+def test_scopes_do_not_share_keys() -> None:
+    s = store()
+    s.complete(lead(s, "k"), OK, 0.0)
+    assert isinstance(s.begin("", "k", b"other", 1.0), Lead)  # anonymous scope
+    assert isinstance(s.begin("acct2", "k", b"x", 1.0), Lead)
+
+
+def test_a_5xx_is_dropped_so_the_retry_leads_again() -> None:
+    s = store()
+    s.complete(lead(s, "k"), UNAVAILABLE, 1.0)
+    assert isinstance(s.begin("acct", "k", b"x", 2.0), Lead)
+    assert s.statistics().dropped == 1
+
+
+def test_a_retry_after_a_5xx_may_carry_another_body() -> None:
+    s = store()
+    s.complete(lead(s, "k"), UNAVAILABLE, 1.0)
+    assert isinstance(s.begin("acct", "k", b"fixed", 2.0), Lead)
+
+
+def test_completed_entries_expire_after_the_ttl() -> None:
+    s = store(ttl=10.0)
+    s.complete(lead(s, "k"), OK, 5.0)
+    assert s.begin("acct", "k", b"x", 14.9) == Replay(OK)
+    assert isinstance(s.begin("acct", "k", b"x", 15.0), Lead)
+    assert s.statistics().expirations == 1
+
+
+def test_in_flight_entries_never_expire() -> None:
+    s = store(ttl=1.0)
+    entry = lead(s, "k")
+    assert s.begin("acct", "k", b"x", 1_000.0) == Join(entry)
+
+
+def test_the_oldest_completed_entry_is_evicted_first() -> None:
+    s = store(max_entries=2)
+    s.complete(lead(s, "a"), OK, 0.0)
+    s.complete(lead(s, "b"), OK, 1.0)
+    s.complete(lead(s, "c"), OK, 2.0)
+    assert isinstance(s.begin("acct", "a", b"x", 3.0), Lead)
+    assert s.begin("acct", "c", b"x", 3.0) == Replay(OK)
+    assert s.statistics().evictions >= 1
+
+
+def test_in_flight_entries_are_never_evicted_but_push_completed_ones_out() -> None:
+    s = store(max_entries=1)
+    s.complete(lead(s, "done"), OK, 0.0)
+    first, second = lead(s, "a"), lead(s, "b")
+    assert s.statistics().entries == 0 and s.statistics().in_flight == 2
+    assert s.begin("acct", "a", b"x", 1.0) == Join(first)
+    assert s.begin("acct", "b", b"x", 1.0) == Join(second)
+
+
+def test_abandon_after_complete_changes_nothing() -> None:
+    s = store()
+    entry = lead(s, "k")
+    s.complete(entry, OK, 1.0)
+    s.abandon(entry, 2.0)
+    assert s.begin("acct", "k", b"x", 3.0) == Replay(OK)
+
+
+def test_abandon_drops_the_entry_so_the_retry_leads() -> None:
+    s = store()
+    entry = lead(s, "k")
+    s.abandon(entry, 1.0)
+    assert entry.response is LEADER_GONE
+    assert isinstance(s.begin("acct", "k", b"x", 2.0), Lead)
+
+
+def test_completing_twice_is_refused() -> None:
+    s = store()
+    entry = lead(s, "k")
+    s.complete(entry, OK, 1.0)
+    with pytest.raises(ValueError, match="not in flight"):
+        s.complete(entry, OK, 2.0)
+
+
+@pytest.mark.parametrize(("ttl", "max_entries"), [(0.0, 1), (-1.0, 1), (math.nan, 1), (1.0, 0)])
+def test_settings_are_validated(ttl: float, max_entries: int) -> None:
+    with pytest.raises(ValueError, match=r"ttl|max_entries"):
+        MemoryIdempotencyStore(ttl=ttl, max_entries=max_entries)
+
+
+def test_statistics_count_each_outcome() -> None:
+    s = store()
+    entry = lead(s, "k")
+    s.begin("acct", "k", b"x", 0.0)
+    s.complete(entry, OK, 0.0)
+    s.begin("acct", "k", b"x", 0.0)
+    stats = s.statistics()
+    assert (stats.leads, stats.joins, stats.replays, stats.entries) == (1, 1, 1, 1)
+
+
+# -- joiners, concurrently ----------------------------------------------------------------
+async def join_all(s: MemoryIdempotencyStore, n: int, results: list[StoredResponse]) -> None:
+    async def joiner() -> None:
+        begun = s.begin("acct", "k", b"x", 0.0)
+        assert isinstance(begun, Join)
+        results.append(await begun.entry.wait())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(joiner)
+
+
+def test_twenty_joiners_get_the_leaders_response() -> None:
+    async def main() -> list[StoredResponse]:
+        s, results = store(), list[StoredResponse]()
+        entry = lead(s, "k")
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(join_all, s, 20, results)
+                await anyio.sleep(0.05)  # virtual: the joiners are all waiting
+                s.complete(entry, OK, 0.05)
+        return results
+
+    assert run_virtual(main) == [OK] * 20
+
+
+def test_joiners_of_a_5xx_attempt_get_that_5xx() -> None:
+    async def main() -> list[StoredResponse]:
+        s, results = store(), list[StoredResponse]()
+        entry = lead(s, "k")
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(join_all, s, 3, results)
+                await anyio.sleep(0.05)
+                s.complete(entry, UNAVAILABLE, 0.05)
+        assert isinstance(s.begin("acct", "k", b"x", 1.0), Lead)
+        return results
+
+    assert run_virtual(main) == [UNAVAILABLE] * 3
+
+
+def test_a_cancelled_leader_wakes_its_joiners() -> None:
+    async def main() -> list[StoredResponse]:
+        s, results = store(), list[StoredResponse]()
+        client = anyio.CancelScope()
+
+        async def leader() -> None:
+            entry = lead(s, "k")
+            with client:
+                try:
+                    await anyio.sleep_forever()  # the model, never answering
+                finally:
+                    s.abandon(entry, 1.0)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(leader)
+                await anyio.sleep(0.01)
+                tg.start_soon(join_all, s, 5, results)
+                await anyio.sleep(0.05)
+                client.cancel()  # the leader's client went away
+        return results
+
+    assert run_virtual(main) == [LEADER_GONE] * 5
+
+
+def test_waiting_on_a_completed_entry_returns_at_once() -> None:
+    s = store()
+    entry = lead(s, "k")
+    s.complete(entry, OK, 0.0)
+    assert run_virtual(entry.wait) == OK
+
+
+def test_completion_from_a_plain_asyncio_callback_wakes_joiners() -> None:
+    async def main() -> StoredResponse:
+        s = store()
+        entry = lead(s, "k")
+        asyncio.get_running_loop().call_later(0.01, s.complete, entry, OK, 0.01)
+        with anyio.fail_after(5):
+            return await entry.wait()
+
+    assert anyio.run(main, backend="asyncio") == OK
+
+
+# -- every interleaving, in virtual time --------------------------------------------------
+MAX_ENTRIES, TTL = 3, 10.0
+
+
+@dataclass
+class Expected:
+    fingerprint: bytes
+    response: StoredResponse | None = None  # None while in flight
+    expires: float = math.inf
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """Drives the store against a plain model of the contract: dicts in completion order."""
+
+    leaders = Bundle("leaders")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = MemoryIdempotencyStore(ttl=TTL, max_entries=MAX_ENTRIES)
+        self.now = 0.0
+        self.serial = 0
+        self.model: dict[tuple[str, str], Expected] = {}  # insertion = lead/completion order
+
+    def settle_model(self) -> None:
+        for k, e in list(self.model.items()):
+            if e.expires <= self.now:
+                del self.model[k]
+        done = [k for k, e in self.model.items() if e.response is not None]
+        while done and len(self.model) > MAX_ENTRIES:
+            del self.model[done.pop(0)]
+
+    @rule(
+        target=leaders,
+        scope=st.sampled_from(["", "a", "b"]),
+        key=st.sampled_from(["k1", "k2"]),
+        body=st.sampled_from([b"x", b"y"]),
+    )
+    def begin(self, scope: str, key: str, body: bytes) -> object:
+        self.settle_model()
+        live = self.model.get((scope, key))
+        if live is not None and live.fingerprint != body:
+            with pytest.raises(IdempotencyMismatch):
+                self.store.begin(scope, key, body, self.now)
+            return multiple()
+        begun = self.store.begin(scope, key, body, self.now)
+        if live is None:
+            assert isinstance(begun, Lead), "a second leader for a live key"
+            self.model[(scope, key)] = Expected(body)
+            self.settle_model()
+            return begun.entry
+        if live.response is None:
+            assert isinstance(begun, Join)
+        else:
+            assert begun == Replay(live.response) and live.expires > self.now
+            assert live.response.status < 500
+        return multiple()
+
+    @rule(entry=consumes(leaders), status=st.sampled_from([200, 422, 503, 504]))
+    def complete(self, entry: Entry, status: int) -> None:
+        self.serial += 1
+        response = StoredResponse(status, str(self.serial).encode())
+        self.store.complete(entry, response, self.now)
+        assert entry.response == response  # what every joiner wakes up to
+        expected = self.model.pop(entry.key)
+        if status < 500:
+            self.model[entry.key] = Expected(expected.fingerprint, response, self.now + TTL)
+        self.settle_model()
+
+    @rule(entry=consumes(leaders))
+    def abandon(self, entry: Entry) -> None:
+        self.store.abandon(entry, self.now)
+        assert entry.response is LEADER_GONE
+        del self.model[entry.key]
+        self.settle_model()
+
+    @rule(dt=st.sampled_from([0.0, 1.0, 4.0, 11.0]))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+    @invariant()
+    def completed_entries_stay_bounded(self) -> None:
+        stats = self.store.statistics()
+        assert stats.entries <= MAX_ENTRIES
+        assert stats.in_flight == sum(e.response is None for e in self.model.values())
+
+
+StoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+test_store_matches_the_model_over_random_interleavings = StoreMachine.TestCase
