@@ -112,23 +112,17 @@ class Routes:
         pending = PendingRequest(len(parsed.texts))
         items = service.new_items(parsed.texts, principal.tier, now, timeout, pending)
         service.batcher.admit(items, timeout)
-        left = False
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_disconnect, request, pending)
-                with anyio.move_on_after(timeout):
-                    await pending.done.wait()
-                left = pending.client_left
-                tg.cancel_scope.cancel()
+            await pending.wait(timeout, request.receive)
         finally:
-            if not pending.done.is_set() or pending.error is not None or left:
+            if pending.remaining:  # not all answered: never run what is left
                 for item in items:
                     service.batcher.cancel(item)
-        if left:
+        if pending.client_left:
             raise ApiError(499, "client_closed", "the client closed the connection")
         if pending.error is not None:
             raise pending.error
-        if not pending.done.is_set():
+        if pending.timed_out:
             raise DeadlineExceeded("the request's deadline passed before it was answered")
         return self._answer(parsed.single, pending, items, principal)
 
@@ -173,16 +167,6 @@ class Routes:
 def _stored(stored: StoredResponse) -> Response:
     return Response(stored.body, status_code=stored.status, media_type=JSON,
                     headers={"Idempotent-Replayed": "true"})
-
-
-async def _watch_disconnect(request: Request, pending: PendingRequest) -> None:
-    """Wake the handler if the client goes away, so its items never cost GPU time."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            pending.client_left = True
-            pending.done.set()
-            return
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -70,6 +70,7 @@ class Dispatcher:
         self._batcher: Batcher | None = None
         self._pool: Pool | None = None
         self._new_batch = anyio.Event()  # wakes the hang watchdog
+        self._watching = False  # the watchdog sleeps on a deadline: new batches end later
         self._settled = anyio.Event()  # wakes wait_quiet
         self._hangs = 0
 
@@ -121,6 +122,7 @@ class Dispatcher:
         while True:
             self._new_batch = anyio.Event()
             deadline = self._table.next_hang_deadline()
+            self._watching = deadline != math.inf
             with anyio.CancelScope(deadline=deadline):
                 await self._new_batch.wait()
             if deadline != math.inf and self._clock.now() >= deadline:
@@ -167,7 +169,8 @@ class Dispatcher:
 
     def _send(self, dispatch: Dispatch) -> None:
         assert self._pool is not None
-        self._new_batch.set()
+        if not self._watching:  # a later batch can never move an armed deadline earlier
+            self._new_batch.set()
         # A failed send reports the worker's death synchronously: the table re-routes.
         self._pool.send(dispatch.worker, Run(dispatch.batch_id, dispatch.texts))
 
