@@ -12,9 +12,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from api.auth import KeyRing, load_keys
 from api.errors import error_response
+from api.fastpath import with_fast_path
 from api.metrics import Metrics
 from api.routes import Routes
 from api.service import Service
@@ -23,7 +25,7 @@ from api.settings import Settings
 log = logging.getLogger("batchgate.app")
 
 
-def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> Starlette:
+def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> ASGIApp:
     """Build the app; the workers start (and are waited for) in the lifespan."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
@@ -51,8 +53,7 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
     )
-    app.state.service = service
-    return app
+    return with_fast_path(app, routes.batchstring)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -119,7 +119,7 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(settings, gpus=gpus)
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=False, lifespan="on", timeout_graceful_shutdown=30,
+        access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
     )
     return 0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -123,6 +124,27 @@ class Metrics:
             "batchgate_idempotent_replays", "Answers served from the idempotency store",
             registry=r,
         )
+
+        # Labelled children looked up once: `labels()` costs more than the observation.
+        self._answered: dict[tuple[str, int], Any] = {}
+        self._durations: dict[str, Any] = {}
+        self._waits: dict[str, Any] = {}
+
+    def request_done(self, tier: str, status: int, seconds: float) -> None:
+        counter = self._answered.get((tier, status))
+        if counter is None:
+            counter = self._answered[tier, status] = self.requests.labels(tier, str(status))
+        counter.inc()
+        duration = self._durations.get(tier)
+        if duration is None:
+            duration = self._durations[tier] = self.duration.labels(tier)
+        duration.observe(seconds)
+
+    def queue_waited(self, tier: str, seconds: float) -> None:
+        wait = self._waits.get(tier)
+        if wait is None:
+            wait = self._waits[tier] = self.queue_wait.labels(tier)
+        wait.observe(seconds)
 
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         self.registry.register(_StatsCollector(snapshot))

@@ -10,11 +10,12 @@ from dataclasses import asdict
 
 import anyio
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from api.auth import KeyRing, Principal
 from api.errors import ApiError, error_response, retry_after, to_api_error
+from api.fastpath import HttpCall
 from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
 from api.requests import Limits, PendingRequest, parse_body, parse_timeout
@@ -35,7 +36,7 @@ class Routes:
         self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
         self.rate_limiter = RateLimiter(keys.tiers)
 
-    async def batchstring(self, request: Request) -> Response:
+    async def batchstring(self, request: HttpCall) -> Response:
         started = time.perf_counter()
         tier = "unknown"
         try:
@@ -46,10 +47,11 @@ class Routes:
                 response = await self._serve(request, principal)
             else:
                 response = await self._idempotent(request, principal, key)
+        except ClientDisconnect:
+            response = self._error(ApiError(499, "client_closed", "the client left"), tier)
         except Exception as exc:  # translated at the boundary, never a traceback
             response = self._error(exc, tier)
-        self.metrics.requests.labels(tier, str(response.status_code)).inc()
-        self.metrics.duration.labels(tier).observe(time.perf_counter() - started)
+        self.metrics.request_done(tier, response.status_code, time.perf_counter() - started)
         return response
 
     def _error(self, exc: BaseException, tier: str) -> Response:
@@ -58,7 +60,7 @@ class Routes:
             self.metrics.rejected.labels(tier, err.code).inc()
         return error_response(err.status, err.code, err.message, err.headers)
 
-    async def _idempotent(self, request: Request, principal: Principal, key: str) -> Response:
+    async def _idempotent(self, request: HttpCall, principal: Principal, key: str) -> Response:
         """Run a keyed request once per account: join it in flight, or replay its answer."""
         if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
             raise ApiError(400, "invalid_idempotency_key",
@@ -91,7 +93,7 @@ class Routes:
         finally:
             store.abandon(begin.entry, clock.now())  # a no-op once completed
 
-    def _timeout(self, request: Request, principal: Principal) -> float:
+    def _timeout(self, request: HttpCall, principal: Principal) -> float:
         return parse_timeout(
             request.headers.get("x-request-timeout-ms"),
             self.keys.tiers[principal.tier].timeout_ms / 1000,
@@ -99,7 +101,7 @@ class Routes:
         )
 
     async def _serve(
-        self, request: Request, principal: Principal, body: bytes | None = None
+        self, request: HttpCall, principal: Principal, body: bytes | None = None
     ) -> Response:
         service = self.service
         now = service.clock.now()
@@ -136,9 +138,9 @@ class Routes:
             else {"id": rid, "outputs": pending.outputs}
         )
         queue = max(i.dispatched - i.arrived for i in items)
-        wait = self.metrics.queue_wait.labels(principal.tier.name.lower())
+        tier = principal.tier.name.lower()
         for item in items:
-            wait.observe(item.dispatched - item.arrived)
+            self.metrics.queue_waited(tier, item.dispatched - item.arrived)
         batch = self.service.clock.now() - min(i.dispatched for i in items)
         timing = f"queue;dur={queue * 1000:.1f}, batch;dur={batch * 1000:.1f}"
         return Response(
@@ -169,7 +171,7 @@ def _stored(stored: StoredResponse) -> Response:
                     headers={"Idempotent-Replayed": "true"})
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: HttpCall, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "body_too_large", f"the body is limited to {limit} bytes")

@@ -33,9 +33,10 @@ class TierQueues:
         self._capacity = dict(capacity)
         self._lanes: list[deque[Item]] = [deque() for _ in Lane]
         self._live = [0 for _ in Lane]
+        self._total = 0  # sum of _live, kept on every change: read on every arrival
 
     def __len__(self) -> int:
-        return sum(self._live)
+        return self._total
 
     def depth(self, lane: Lane) -> int:
         return self._live[lane]
@@ -57,6 +58,7 @@ class TierQueues:
         item.lane = lane
         self._lanes[lane].append(item)
         self._live[lane] += 1
+        self._total += 1
 
     def push_retry(self, items: Iterable[Item]) -> None:
         """Put re-routed items at the head of the retry lane, keeping their order."""
@@ -65,6 +67,7 @@ class TierQueues:
             item.lane = Lane.RETRY
         self._lanes[Lane.RETRY].extendleft(reversed(fresh))
         self._live[Lane.RETRY] += len(fresh)
+        self._total += len(fresh)
 
     def cancel(self, item: Item) -> None:
         """Mark an item cancelled; if it is queued it stops counting at once (O(1))."""
@@ -73,6 +76,7 @@ class TierQueues:
         item.cancelled = True
         if item.lane >= 0:
             self._live[item.lane] -= 1
+            self._total -= 1
             item.lane = -1
 
     def oldest(self) -> Item | None:
@@ -102,6 +106,7 @@ class TierQueues:
                 if item.cancelled:
                     continue
                 self._live[lane] -= 1
+                self._total -= 1
                 item.lane = -1
                 if item.deadline <= now:
                     expired.append(item)
@@ -119,6 +124,7 @@ class TierQueues:
         for item in out:
             item.lane = -1
         self._live = [0 for _ in Lane]
+        self._total = 0
         return out
 
     def statistics(self) -> QueueStatistics:

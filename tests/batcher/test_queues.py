@@ -95,3 +95,17 @@ def test_depth_through_counts_own_tier_and_above() -> None:
 def test_capacity_is_required_for_every_tier() -> None:
     with pytest.raises(ValueError):
         TierQueues({Tier.PAID: 1})
+
+
+def test_length_follows_every_change() -> None:
+    q = queues()
+    a, b, c = item(1), item(2, Tier.PAID), item(3)
+    for it in (a, b, c):
+        q.put_nowait(it)
+    q.cancel(a)
+    q.push_retry([item(4)])
+    assert len(q) == 3
+    q.pop_batch(2, now=0.0)
+    assert len(q) == 1
+    q.drain()
+    assert len(q) == 0
