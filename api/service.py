@@ -144,8 +144,7 @@ class Service:
 
     def expected_wait(self, tier: Tier) -> float:
         """Expected completion time of a new item of `tier` (seconds; inf with no worker)."""
-        ahead = self.batcher.queues.depth_through(tier)
-        return self.admission.estimate(ahead, self.table.ready_count())
+        return self.batcher.expected_wait(tier)
 
     def pressure(self, tier: Tier) -> float:
         """Expected completion over the tier's budget: rate limits tighten as it nears 1."""

@@ -4,7 +4,7 @@ Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure f
 decision, the batching loop, admission control and the injected clock.
 """
 
-from batcher.admission import Admission, AdmissionSettings, AdmissionStatistics
+from batcher.admission import Admission, AdmissionSettings, AdmissionStatistics, RateMeter
 from batcher.batcher import Batcher, BatcherStatistics, Closed, Workers
 from batcher.clock import Clock, LoopClock, MonotonicClock
 from batcher.errors import BatchgateError, DeadlineExceeded, Overloaded, QueueFull
@@ -34,6 +34,7 @@ __all__ = [
     "Overloaded",
     "QueueFull",
     "QueueStatistics",
+    "RateMeter",
     "Tier",
     "TierQueues",
     "Workers",

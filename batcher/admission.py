@@ -2,7 +2,8 @@
 
 For an arriving item, the expected completion is estimated from the work queued ahead of it
 (its own tier and every tier above, retry lane included), the pool's measured throughput
-(ready workers x max batch / measured batch latency) and one batch latency for its own run.
+(ready workers x max batch / measured batch latency) less what higher tiers keep arriving
+with (they will overtake it while it waits), and one batch latency for its own run.
 Over the tier's budget, the item is refused at once, with a Retry-After from the time the
 queue needs to drain. Free traffic has the smaller budget, so it is shed first; paid traffic
 is refused only when the paid queue alone cannot be served in time. This is throttling tied
@@ -40,6 +41,29 @@ class AdmissionStatistics:
     refused: dict[str, int]
 
 
+MIN_SHARE = 0.05  # a tier is never assumed to get less than this share of the pool
+
+
+class RateMeter:
+    """Arrivals per second, decaying exponentially with time constant `tau` seconds."""
+
+    __slots__ = ("_last", "_rate", "tau")
+
+    def __init__(self, tau: float = 1.0) -> None:
+        self.tau = tau
+        self._rate = 0.0
+        self._last = -math.inf
+
+    def add(self, n: int, now: float) -> None:
+        self._rate = self.rate(now) + n / self.tau
+        self._last = now
+
+    def rate(self, now: float) -> float:
+        if self._last == -math.inf:
+            return 0.0
+        return self._rate * math.exp(-(now - self._last) / self.tau)
+
+
 class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self._settings = settings
@@ -59,22 +83,27 @@ class Admission:
         """Items per second the pool can serve with full batches."""
         return workers * self._settings.max_batch / self._latency
 
-    def estimate(self, ahead: int, workers: int) -> float:
-        """Expected seconds until an item with `ahead` items before it is answered."""
+    def estimate(self, ahead: int, workers: int, overtaking: float = 0.0) -> float:
+        """Expected seconds until an item with `ahead` items before it is answered, while
+        higher tiers arrive at `overtaking` items/s (they are served first)."""
         if workers <= 0:
             return math.inf
-        return ahead / self.throughput(workers) + self._latency
+        full = self.throughput(workers)
+        left = max(full - overtaking, MIN_SHARE * full)
+        return ahead / left + self._latency
 
     def budget(self, tier: Tier) -> float:
         return self._settings.budgets[tier]
 
-    def check(self, tier: Tier, ahead: int, workers: int, deadline_in: float) -> None:
+    def check(
+        self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
+    ) -> None:
         """Admit, or raise Overloaded (with the code of the limit hit and a Retry-After)."""
-        expected = self.estimate(ahead, workers)
+        expected = self.estimate(ahead, workers, overtaking)
         if workers <= 0:
             self._refuse(tier)
             raise Overloaded("no worker is ready", 1.0, code="no_healthy_worker")
-        retry = ahead / self.throughput(workers)  # the time the queue ahead needs to drain
+        retry = expected - self._latency  # the time the queue ahead needs to drain
         # An item with nothing queued ahead is always admitted: refusing it protects nobody.
         if ahead > 0 and expected > self._settings.budgets[tier]:
             self._refuse(tier)
@@ -99,4 +128,4 @@ class Admission:
         self._refused[tier.name.lower()] += 1
 
 
-__all__ = ["Admission", "AdmissionSettings", "AdmissionStatistics"]
+__all__ = ["Admission", "AdmissionSettings", "AdmissionStatistics", "RateMeter"]

@@ -16,12 +16,12 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskStatus
 
-from batcher.admission import Admission
+from batcher.admission import Admission, RateMeter
 from batcher.clock import Clock
 from batcher.errors import DeadlineExceeded
 from batcher.policy import FlushPolicy
 from batcher.queues import TierQueues
-from batcher.types import FlushReason, Item
+from batcher.types import FlushReason, Item, Tier
 
 
 class Workers(Protocol):
@@ -62,6 +62,7 @@ class Batcher:
     ) -> None:
         self._queues = queues
         self._admission = admission
+        self._arrivals = {tier: RateMeter() for tier in Tier}
         self._policy = policy
         self._clock = clock
         self._workers = workers
@@ -85,12 +86,29 @@ class Batcher:
         if self._draining:
             raise Closed("the server is shutting down")
         tier = items[0].tier
-        ahead = self._queues.depth_through(tier) + len(items) - 1
+        now = self._clock.now()
         if self._admission is not None:
-            self._admission.check(tier, ahead, self._workers.ready_count(), deadline_in)
+            ahead = self._queues.depth_through(tier) + len(items) - 1
+            self._admission.check(
+                tier, ahead, self._workers.ready_count(), deadline_in, self._overtaking(tier, now)
+            )
         self._queues.ensure_room(tier, len(items))
+        self._arrivals[tier].add(len(items), now)
         for item in items:
             self.put_nowait(item)
+
+    def expected_wait(self, tier: Tier) -> float:
+        """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""
+        if self._admission is None:
+            return 0.0
+        return self._admission.estimate(
+            self._queues.depth_through(tier), self._workers.ready_count(),
+            self._overtaking(tier, self._clock.now()),
+        )
+
+    def _overtaking(self, tier: Tier, now: float) -> float:
+        """Items/s arriving in tiers that will be served before `tier`."""
+        return sum(self._arrivals[t].rate(now) for t in Tier if t < tier)
 
     def put_nowait(self, item: Item) -> None:
         """Queue an item; raise `Closed` while draining, `QueueFull` at the tier's cap."""

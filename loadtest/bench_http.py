@@ -75,17 +75,20 @@ def measure(
         if warmup_s > 0:
             warm = ProbeConfig(srv.url, s.rps, warmup_s, classes=classes, timeout_s=5.0)
             asyncio.run(run_probe(warm))
-        before, cpu0, wcpu0 = _read(srv)
+        before = fetch_metrics(srv.url)  # scrapes stay outside the CPU window
+        cpu0, wcpu0 = _cpu(srv)
         client0 = time.process_time()
         cfg = ProbeConfig(srv.url, s.rps, duration_s, classes=classes, timeout_s=10.0)
         result = asyncio.run(run_probe(cfg))
         client = time.process_time() - client0
-        after, cpu1, wcpu1 = _read(srv)
+        cpu1, wcpu1 = _cpu(srv)
+        after = fetch_metrics(srv.url)
     return _row(s, result, before, after, cpu1 - cpu0, wcpu1 - wcpu0, client)
 
 
-def _read(srv: RunningServer) -> tuple[dict[str, float], float, float]:
-    return fetch_metrics(srv.url), cpu_seconds(srv.pid), cpu_seconds(srv.pid, children=True)
+def _cpu(srv: RunningServer) -> tuple[float, float]:
+    """CPU seconds of the gateway process alone, and of its workers together."""
+    return cpu_seconds(srv.pid), cpu_seconds(srv.pid, children=True)
 
 
 def _row(

@@ -61,7 +61,8 @@ class ClassResult:
     wrong: int
     lost: int
     statuses: Mapping[int, int]
-    latency: Latency
+    latency: Latency  # correct answers
+    refusal_latency: Latency = Latency()  # non-200 answers: refusals should be fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,7 @@ class ProbeResult:
     conn_waits: int  # requests that found no free connection
     connections: int  # most connections open at once
     classes: Mapping[str, ClassResult]
+    refusal_latency: Latency = Latency()  # non-200 answers, from the scheduled time
 
     @property
     def rejected(self) -> int:
@@ -110,7 +112,8 @@ def format_result(r: ProbeResult) -> str:
         f"sent {r.sent}, ok {r.ok}, wrong {r.wrong}, lost {r.lost}, shed {r.shed}, "
         f"wall {r.wall_s:.1f} s",
         f"achieved {r.achieved_rps:.1f} RPS; latency {_ms(r.latency)} max "
-        f"{r.latency.max * 1e3:.1f} ms; statuses {statuses}; errors {errors}",
+        f"{r.latency.max * 1e3:.1f} ms; statuses {statuses}; errors {errors}"
+        + (f"; refusals {_ms(r.refusal_latency)}" if r.refusal_latency.count else ""),
         f"{behind}: lag p95 {r.lag.p95 * 1e3:.2f} ms max {r.lag.max * 1e3:.1f} ms; "
         f"{r.connections} connections, {r.conn_waits} waits for one",
     ]
@@ -180,16 +183,17 @@ class _Req:
 
 
 class _Tally:
-    __slots__ = ("latencies", "lost", "ok", "sent", "statuses", "wrong")
+    __slots__ = ("latencies", "lost", "ok", "refusals", "sent", "statuses", "wrong")
 
     def __init__(self) -> None:
         self.sent = self.ok = self.wrong = self.lost = 0
         self.statuses: Counter[int] = Counter()
         self.latencies: list[float] = []
+        self.refusals: list[float] = []
 
     def freeze(self) -> ClassResult:
         return ClassResult(self.sent, self.ok, self.wrong, self.lost, dict(self.statuses),
-                           Latency.of(self.latencies))
+                           Latency.of(self.latencies), Latency.of(self.refusals))
 
 
 class _Conn(asyncio.Protocol):
@@ -423,6 +427,8 @@ class _Probe:
             tally.statuses[status] += 1
             if status == 200:
                 self._check(req, tally, body)
+            else:
+                tally.refusals.append(self.loop.time() - req.scheduled)
         if self.outstanding == 0 and self.scheduled_all:
             self.idle.set()
 
@@ -467,6 +473,7 @@ class _Probe:
             latency=Latency.of([x for t in self.tallies for x in t.latencies]),
             lag=Latency.of(self.lags), achieved_rps=(ok - 1) / span if span > 0 else 0.0,
             conn_waits=self.conn_waits, connections=self.peak, classes=classes,
+            refusal_latency=Latency.of([x for t in self.tallies for x in t.refusals]),
         )
 
 

@@ -76,3 +76,24 @@ def test_measured_latency_moves_the_estimate() -> None:
     assert math.isclose(a.batch_latency, 0.3, rel_tol=1e-3)
     assert refused(a, Tier.FREE, 1, 1)  # one batch alone now takes longer than 250 ms
     assert not refused(a, Tier.FREE, 0, 1)  # but nothing ahead: refusing protects nobody
+
+
+def test_higher_tier_arrivals_lengthen_a_lower_tiers_wait() -> None:
+    a = admission()
+    alone = a.estimate(ahead=100, workers=1)
+    overtaken = a.estimate(ahead=100, workers=1, overtaking=500.0)
+    assert math.isclose(alone, 0.2) and math.isclose(overtaken, 0.3)
+
+
+def test_a_tier_is_never_assumed_to_starve_completely() -> None:
+    assert admission().estimate(ahead=10, workers=1, overtaking=10_000.0) < math.inf
+
+
+def test_rate_meter_tracks_a_steady_rate_and_decays() -> None:
+    from batcher import RateMeter
+
+    meter = RateMeter(tau=1.0)
+    for k in range(5000):
+        meter.add(1, k / 500)  # 500 arrivals a second for 10 s
+    assert 450 < meter.rate(10.0) < 550
+    assert meter.rate(20.0) < 0.1

@@ -25,8 +25,10 @@ class FakeServer:
     """Answers `POST` like the gateway: `{"output": answer(input)}` after `delay` seconds,
     one request at a time per connection (HTTP/1.1 keep-alive)."""
 
-    def __init__(self, answer: Answer = reverse, delay: float = 0.0, hang: bool = False) -> None:
-        self.answer, self.delay, self.hang = answer, delay, hang
+    def __init__(
+        self, answer: Answer = reverse, delay: float = 0.0, hang: bool = False, status: int = 200
+    ) -> None:
+        self.answer, self.delay, self.hang, self.status = answer, delay, hang, status
         self.authorizations: list[str] = []
         self.handlers: set[asyncio.Task[object]] = set()
 
@@ -45,7 +47,9 @@ class FakeServer:
                     await asyncio.sleep(3600)
                 await asyncio.sleep(self.delay)
                 out = orjson.dumps({"id": "x", "output": self.answer(body["input"])})
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(out), out))
+                writer.write(
+                    b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n\r\n%s" % (self.status, len(out), out)
+                )
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -97,6 +101,14 @@ def test_latency_runs_from_the_scheduled_time_not_the_send() -> None:
     assert r.latency.p50 > 0.2
     assert r.latency.max > 0.8
     assert r.conn_waits > 0
+
+
+def test_a_refusal_is_counted_by_status_with_its_own_latency() -> None:
+    r = probe(FakeServer(status=503, delay=0.01), rps=100, duration_s=0.3, arrival="fixed")
+    assert r.statuses == {503: 30}
+    assert (r.ok, r.wrong, r.lost, r.rejected) == (0, 0, 0, 30)
+    assert r.latency.count == 0
+    assert 0.01 <= r.refusal_latency.p50 < 0.1
 
 
 def test_stops_by_itself_when_the_server_never_answers() -> None:
