@@ -1,0 +1,360 @@
+"""Locust load shapes for batchgate, every answer checked, with a pass/fail gate at the end.
+
+Every request sends a unique input to `POST /v1/batchstring`; an answer counts as a success
+only if it is HTTP 200 with `{"id": str, "output": <the input reversed>}`. Anything else (a
+wrong or missing output, bad JSON, 429, 503, a timeout) is a failure, named by its cause.
+
+Locust is closed-loop: each user sends one request at a time at `--user-rps` requests/s
+(`constant_throughput`, default 2/s, so a user keeps its pace while answers take < 500 ms).
+A shape asks for `round(rate * scale / user_rps)` users, so the offered rate is its target
+as long as latency stays under 1/user_rps; the verdict prints the rate actually reached.
+
+Shapes (`--shape NAME`, or env BATCHGATE_SHAPE; in the web UI also `--class-picker`):
+
+  steady100   100 RPS for 60 s                          (Steady100)
+  steady10k   10,000 RPS for 60 s                       (Steady10k)
+  burst       1,000 RPS 20 s, 3,000 RPS 20 s, 1,000 RPS 20 s   (Burst)
+
+Each shape starts a step's users at once, each at a random phase within its first period
+(1/user_rps), so requests arrive spread out, and it stops by itself at its end. Options:
+  --scale F            multiply every rate by F (0.1: steady10k offers 1,000 RPS)
+  --rps R              the shape's (base) rate instead of its default, before --scale
+  --duration S         steady: seconds in all; burst: seconds of each of its three phases
+  --user-rps R         requests/s per user (default 2; keep 1/R above the p99 latency
+                       and under uvicorn's 5 s keep-alive)
+  --paid-fraction F    share of requests sent with a paid key, the rest free (default 1)
+  --paid-key K[,K..]   paid key(s) (default paid-demo-key); users take them round-robin
+  --free-key K[,K..]   free key(s) (default free-demo-key)
+  --p95-ms MS          gate: P95 of all requests at most MS (default 300; 0: off)
+  --max-failure-ratio  gate: failures / requests at most this (default 0.01)
+  --min-rate-ratio     gate: requests made / requests the shape asked for, at least
+                       this (default 0.8; 0: off): catches a generator that fell behind
+At the end one line `verdict: PASS|FAIL ...` is printed and a miss exits 1, so a
+deployment script can run it as a gate (P95 as locust rounds it, over the whole run). Add
+`--csv PREFIX` for the stats as CSV. Requests still in flight when the shape ends are dropped
+by locust and counted nowhere; the gateway records them as 499 client_closed.
+
+Run headless against a gateway on port 8000 (start one with, e.g.,
+`batchgate serve --model sim --workers 2 --port 8000 --keys examples/keys.toml`):
+
+  100 RPS, 60 s:
+    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 --shape steady100
+  burst (2 workers serve 2,000 items/s, so scale it to fit: 500 -> 1,500 -> 500 RPS):
+    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 --shape burst \\
+        --scale 0.5
+  10,000 RPS scaled to 1,000 RPS on a small machine (one locust process is enough):
+    locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000 --shape steady10k \\
+        --scale 0.1
+  10,000 RPS for real, from one load machine with 8+ free cores (one process per core):
+    locust -f loadtest/locustfile.py --headless --host http://GATEWAY:8000 --shape steady10k \\
+        --processes 8 --paid-key k1,k2,k3,k4,k5,k6
+  10,000 RPS across machines (the master runs the shape and the gate; workers send load;
+  the master hands its options, --user-rps and the keys included, to every worker):
+    locust -f loadtest/locustfile.py --headless --host http://GATEWAY:8000 --shape steady10k \\
+        --master --expect-workers 8 --paid-key k1,k2,k3,k4,k5,k6
+    locust -f loadtest/locustfile.py --worker --master-host MASTER --processes 4  # x2 machines
+
+Measured here (2 cores shared with other work, sim model, locust 2.47, FastHttpUser, gateway
+with httptools + uvloop; figures from one machine, so the 10,000 RPS sizing is an ESTIMATE):
+  steady100 on 2 sim workers, 30 s: 2,985 requests, 0 failures, P50 140 / P95 160 / max
+    170 ms (the gateway's own mean 134 ms: 32 ms queue + 100 ms batch).
+  One locust process pinned to one core, the gateway on the other (8 sim workers): 2,000 RPS
+    held faithfully (P50 130 / P95 190 ms against a gateway mean of 124 ms), ~0.38 ms of
+    locust CPU per request; at 2,500 RPS the process is at 100% CPU and inflates its own
+    latencies (P95 410 ms, gateway mean 127 ms); asked for 3,000 it reached 2,400.
+  The gateway (one process, one event loop) spent 0.27-0.29 ms CPU per request: a ceiling
+    near 3,500 RPS per process.
+So 10,000 RPS takes at least 5 locust processes, 7-8 to stay near 1,300-1,500 RPS each (one
+core each: `--processes 8`, or 8 `--worker`s over several machines), on machines other than
+the gateway's. The gateway side is ~2.8 cores of work; one batchgate process is one event
+loop, so about 4 gateway processes/cores at ~2,500 RPS each (5 with headroom), in front of
+10-12 GPUs (DESIGN.md: 10 at the floor, plus headroom).
+
+Keys and rate limits: examples/keys.toml allows one paid key 2,000 RPS and its account
+4,000 RPS (free: 1,500 / 3,000), and those rates shrink under queue pressure. A 10,000 RPS run
+with the demo keys is mostly answered 429: give the gateway a keys file with enough paid keys
+across enough accounts (e.g. six keys in three accounts) and pass them all with --paid-key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import gevent  # type: ignore[import-untyped]
+import orjson
+from locust import LoadTestShape, constant_throughput, events, task
+from locust.contrib.fasthttp import FastHttpUser
+from locust.env import Environment
+from locust.runners import WorkerRunner
+
+PATH = "/v1/batchstring"
+logger = logging.getLogger("batchgate.locust")
+
+Phase = tuple[float, float]  # (seconds, requests/s before --scale)
+
+
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
+def _arguments(parser: Any) -> None:
+    group = parser.add_argument_group("batchgate")
+    group.add_argument("--shape", choices=sorted(SHAPES), default="steady100",
+                       env_var="BATCHGATE_SHAPE", help="load shape (default steady100)")
+    group.add_argument("--scale", type=float, default=1.0,
+                       help="multiply the shape's rates by this (default 1)")
+    group.add_argument("--rps", type=float, default=0.0,
+                       help="the shape's (base) rate in requests/s instead of its own")
+    group.add_argument("--duration", type=float, default=0.0,
+                       help="steady: seconds in all; burst: seconds of each phase")
+    group.add_argument("--user-rps", type=float, default=2.0,
+                       help="requests/s each user sends (default 2)")
+    group.add_argument("--paid-fraction", type=float, default=1.0,
+                       help="share of requests sent with a paid key (default 1)")
+    group.add_argument("--paid-key", default="paid-demo-key", help="paid key(s), comma separated")
+    group.add_argument("--free-key", default="free-demo-key", help="free key(s), comma separated")
+    group.add_argument("--p95-ms", type=float, default=300.0,
+                       help="fail if the P95 latency exceeds this (ms; 0: no check)")
+    group.add_argument("--max-failure-ratio", type=float, default=0.01,
+                       help="fail if failures/requests exceeds this (default 0.01)")
+    group.add_argument("--min-rate-ratio", type=float, default=0.8,
+                       help="fail if fewer than this share of the requests the shape asked "
+                            "for were made (default 0.8; 0: no check)")
+
+
+def _options(environment: Environment) -> Any:
+    opts = environment.parsed_options
+    if opts is None or not hasattr(opts, "scale"):
+        raise RuntimeError("run this file with the locust command (its options are missing)")
+    return opts
+
+
+class BatchstringUser(FastHttpUser):
+    """One closed-loop client: a unique input per request, its answer checked."""
+
+    network_timeout = 15.0  # above the paid tier's 5 s deadline: the server answers first
+    connection_timeout = 5.0
+    concurrency = 1  # one request at a time per user: one connection is enough
+
+    def on_start(self) -> None:
+        opts = _options(self.environment)
+        if not 0.0 <= opts.paid_fraction <= 1.0:
+            raise ValueError("--paid-fraction must be within 0..1")
+        n = next(_users)
+        paid = [k for k in opts.paid_key.split(",") if k]
+        free = [k for k in opts.free_key.split(",") if k]
+        self._auth = {
+            "paid": _auth_header(paid[n % len(paid)] if paid else ""),
+            "free": _auth_header(free[n % len(free)] if free else ""),
+        }
+        self._paid_fraction: float = opts.paid_fraction
+        self._pace: Callable[[Any], float] = constant_throughput(opts.user_rps)
+        self._prefix = f"{os.urandom(6).hex()}-{n}"  # unique across processes and machines
+        self._sent = itertools.count()
+        # Locust starts a step's users all at once: a random phase spreads their requests
+        # evenly over the period instead of in lock-step bursts. constant_throughput paces
+        # from `_cp_last_run` (set when the user was made): restart it after the sleep, or
+        # the second request comes early and every user falls back into step.
+        gevent.sleep(random.uniform(0.0, 1.0 / opts.user_rps))
+        self._cp_last_run = time.perf_counter()
+        self._cp_last_wait_time = 0.0
+
+    def wait_time(self) -> float:
+        return self._pace(self)
+
+    @task
+    def batchstring(self) -> None:
+        tier = "paid" if random.random() < self._paid_fraction else "free"
+        text = f"{self._prefix}-{next(self._sent)}-é✓"  # non-ASCII: UTF-8 both ways
+        headers = {"Content-Type": "application/json", **self._auth[tier]}
+        with self.client.post(PATH, data=orjson.dumps({"input": text}),  # type: ignore[arg-type]
+                              headers=headers,
+                              name=f"{PATH} [{tier}]", catch_response=True) as response:
+            problem = check_answer(response.status_code, response.content, text)
+            if problem is None:
+                response.success()
+            else:
+                response.failure(problem)
+
+
+_users = itertools.count()
+
+
+def _auth_header(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def check_answer(status: int, body: bytes | None, text: str) -> str | None:
+    """None if the answer is right, else the reason (few distinct values: they group)."""
+    if status == 0:
+        return "no answer (connection error or timeout)"
+    if status != 200:
+        try:
+            code = orjson.loads(body or b"")["error"]["code"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            code = "?"
+        return f"HTTP {status} {code}"
+    try:
+        answer = orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        return "200 with a body that is not JSON"
+    if not isinstance(answer, dict) or not isinstance(answer.get("output"), str):
+        return "200 without an output"
+    if not isinstance(answer.get("id"), str):
+        return "200 without an id"
+    if answer["output"] != text[::-1]:
+        logger.error("wrong output for %r: %r", text, answer["output"][:200])
+        return "200 with a wrong output (not this input's)"
+    return None
+
+
+class RateShape(LoadTestShape):
+    """Phases of constant rate; users = rate * scale / user_rps, each at a random phase."""
+
+    abstract = True
+    shape_name: ClassVar[str]
+    phases: ClassVar[Sequence[Phase]]
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._plan: list[Phase] | None = None
+        self._users = 0
+        self._spawn_rate = 1.0
+
+    def plan(self) -> list[Phase]:
+        """The phases after --rps and --duration, rates not yet scaled."""
+        if self._plan is None:
+            opts = _options(self.runner.environment) if self.runner else None
+            self._plan = self.adjust(list(self.phases), opts.rps if opts else 0.0,
+                                     opts.duration if opts else 0.0)
+        return self._plan
+
+    def adjust(self, phases: list[Phase], rps: float, duration: float) -> list[Phase]:
+        base = phases[0][1]
+        return [(duration or seconds, rate * (rps / base if rps else 1.0))
+                for seconds, rate in phases]
+
+    def _scaling(self) -> tuple[float, float]:
+        opts = _options(self.runner.environment) if self.runner else None
+        scale, user_rps = (opts.scale, opts.user_rps) if opts else (1.0, 2.0)
+        if scale <= 0 or user_rps <= 0:
+            raise ValueError("--scale and --user-rps must be positive")
+        return scale, user_rps
+
+    def rate_at(self, t: float) -> float | None:
+        """Target requests/s (scaled) at t seconds, None once the shape is over."""
+        end = 0.0
+        for seconds, rate in self.plan():
+            end += seconds
+            if t < end:
+                return rate * self._scaling()[0]
+        return None
+
+    def total_s(self) -> float:
+        return sum(seconds for seconds, _ in self.plan())
+
+    def expected_requests(self, elapsed: float) -> float:
+        """What the users the shape asks for send in `elapsed` s: a step's new users start
+        at random phases over one period, so they send half as much in their first period;
+        users a step removes stop at once."""
+        scale, user_rps = self._scaling()
+        total, start, users = 0.0, 0.0, 0
+        for seconds, rate in self.plan():
+            stop = min(start + seconds, elapsed)
+            if stop <= start:
+                break
+            new = _users_for(rate * scale, user_rps)
+            period = 1.0 / user_rps
+            ramp = min(period, stop - start) if new > users else 0.0
+            total += user_rps * (users * ramp + (new - users) * ramp * ramp / period / 2
+                                 + new * (stop - start - ramp))
+            start, users = start + seconds, new
+        return total
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - float(self.start_time)
+
+    def tick(self) -> tuple[int, float] | None:
+        rate = self.rate_at(self.elapsed())
+        if rate is None:
+            return None
+        users = _users_for(rate, self._scaling()[1])
+        if users != self._users:  # a new target: start (or stop) its users in one step
+            self._spawn_rate = float(max(1, abs(users - self._users)))
+            self._users = users
+        return users, self._spawn_rate
+
+
+def _users_for(rate: float, user_rps: float) -> int:
+    return max(1, round(rate / user_rps))
+
+
+class Steady100(RateShape):
+    shape_name = "steady100"
+    phases = ((60.0, 100.0),)
+
+
+class Steady10k(RateShape):
+    shape_name = "steady10k"
+    phases = ((60.0, 10_000.0),)
+
+
+class Burst(RateShape):
+    """A base rate, 3x that for 20 s, then the base again."""
+
+    shape_name = "burst"
+    phases = ((20.0, 1_000.0), (20.0, 3_000.0), (20.0, 1_000.0))
+
+
+SHAPES: dict[str, type[RateShape]] = {s.shape_name: s for s in (Steady100, Steady10k, Burst)}
+
+
+@events.init.add_listener  # type: ignore[untyped-decorator]
+def _pick_shape(environment: Environment, **_kwargs: Any) -> None:
+    """Locust takes the first shape in the file; --shape / BATCHGATE_SHAPE pick another."""
+    opts = environment.parsed_options
+    name = getattr(opts, "shape", None)
+    if name is None or environment.runner is None or isinstance(environment.runner, WorkerRunner):
+        return
+    if type(environment.shape_class) is not SHAPES[name]:
+        shape = SHAPES[name]()
+        shape.runner = environment.runner
+        environment.shape_class = shape
+
+
+@events.quitting.add_listener  # type: ignore[untyped-decorator]
+def _verdict(environment: Environment, **_kwargs: Any) -> None:
+    """On the master (or the only process): check the gates, print one line, set the code."""
+    if isinstance(environment.runner, WorkerRunner) or environment.parsed_options is None:
+        return
+    opts = _options(environment)
+    total = environment.stats.total
+    requests, failures = total.num_requests, total.num_failures
+    p95 = total.get_response_time_percentile(0.95) if requests else 0.0
+    ratio = failures / requests if requests else 0.0
+    shape = environment.shape_class
+    misses: list[str] = []
+    rate = ""
+    if isinstance(shape, RateShape) and shape.runner is not None:
+        elapsed = min(shape.elapsed(), shape.total_s())
+        expected = shape.expected_requests(elapsed)
+        reached = requests / expected if expected else 0.0
+        rate = (f" rate={requests / max(elapsed, 1e-9):.0f}/s over {elapsed:.0f} s "
+                f"({reached:.0%} of the {expected:.0f} asked for)")
+        if opts.min_rate_ratio and reached < opts.min_rate_ratio:
+            misses.append(f"rate {reached:.0%} < {opts.min_rate_ratio:.0%}")
+    if requests == 0:
+        misses.append("no requests")
+    if opts.p95_ms and p95 > opts.p95_ms:
+        misses.append(f"p95 {p95:.0f} ms > {opts.p95_ms:g} ms")
+    if ratio > opts.max_failure_ratio:
+        misses.append(f"failures {ratio:.2%} > {opts.max_failure_ratio:.2%}")
+    name = getattr(shape, "shape_name", type(shape).__name__)
+    print(f"verdict: {'FAIL' if misses else 'PASS'} shape={name} scale={opts.scale:g} "
+          f"requests={requests} failures={failures} ({ratio:.2%}) p95={p95:.0f} ms{rate}"
+          + (" misses: " + "; ".join(misses) if misses else ""), flush=True)
+    if misses:
+        environment.process_exit_code = 1
