@@ -86,6 +86,10 @@ def build_parser(env: dict[str, str]) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP service")
     for name, kind, help in SERVE_FLAGS:
         _add(serve, name, kind, help, env)
+    plan = sub.add_parser("plan", help="how many GPUs a load needs (simulated with our batcher)")
+    from loadtest.plan import add_arguments
+
+    add_arguments(plan)
     return parser
 
 
@@ -130,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return serve(args)
+        if args.command == "plan":
+            from loadtest.plan import run_args
+
+            return run_args(args, prog=f"{PROG} plan")
     except ValueError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

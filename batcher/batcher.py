@@ -63,6 +63,7 @@ class Batcher:
         self._queues = queues
         self._admission = admission
         self._arrivals = {tier: RateMeter() for tier in Tier}
+        self._above = {tier: tuple(t for t in Tier if t < tier) for tier in Tier}
         self._policy = policy
         self._clock = clock
         self._workers = workers
@@ -92,10 +93,11 @@ class Batcher:
             self._admission.check(
                 tier, ahead, self._workers.ready_count(), deadline_in, self._overtaking(tier, now)
             )
-        self._queues.ensure_room(tier, len(items))
+        if len(items) > 1:  # all or nothing; one item is checked by the queue itself
+            self._queues.ensure_room(tier, len(items))
         self._arrivals[tier].add(len(items), now)
         for item in items:
-            self.put_nowait(item)
+            self._put(item, now)
 
     def expected_wait(self, tier: Tier) -> float:
         """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""
@@ -108,13 +110,16 @@ class Batcher:
 
     def _overtaking(self, tier: Tier, now: float) -> float:
         """Items/s arriving in tiers that will be served before `tier`."""
-        return sum(self._arrivals[t].rate(now) for t in Tier if t < tier)
+        return sum(self._arrivals[t].rate(now) for t in self._above[tier])
 
     def put_nowait(self, item: Item) -> None:
         """Queue an item; raise `Closed` while draining, `QueueFull` at the tier's cap."""
         if self._draining:
             raise Closed("the server is shutting down")
-        item.enqueued = self._clock.now()
+        self._put(item, self._clock.now())
+
+    def _put(self, item: Item, now: float) -> None:
+        item.enqueued = now
         was_empty = len(self._queues) == 0
         self._queues.put_nowait(item)
         # Only wake the loop when this arrival can change its decision.
