@@ -29,7 +29,7 @@ class TierPolicy:
 
 DEFAULT_TIERS = {
     Tier.PAID: TierPolicy(
-        rate=2000, burst=4000, account_rate=4000, account_burst=8000, budget_ms=400,
+        rate=5000, burst=10000, account_rate=10000, account_burst=20000, budget_ms=400,
         timeout_ms=5000,
     ),
     Tier.FREE: TierPolicy(

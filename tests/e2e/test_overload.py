@@ -1,0 +1,68 @@
+"""Deadlines, departed clients and admission at the real server's door."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from loadtest.server import fetch_metrics, metric, running_server
+from tests.e2e.test_failover import workers_in_state
+from tests.e2e.test_serve import post_many
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+PAID = {"Authorization": "Bearer paid-demo-key"}
+
+
+def patient_keys(tmp_path: Path) -> list[str]:
+    """The example keys with a paid budget long enough to queue behind 1 s batches."""
+    keys = tmp_path / "keys.toml"
+    text = Path("examples/keys.toml").read_text().replace("budget_ms = 400", "budget_ms = 60000")
+    keys.write_text(text)
+    return ["--keys", str(keys), "--batch-latency-ms", "1000", "--max-wait-ms", "0"]
+
+
+def leave_early(port: int) -> None:
+    """Send a request and hang up before the answer."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        body = b'{"input": "gone"}'
+        s.sendall(b"POST /v1/batchstring HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                  b"paid-demo-key\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+                  + body)
+
+
+async def test_expired_and_abandoned_requests_never_reach_a_worker(tmp_path: Path) -> None:
+    with running_server(workers=1, args=patient_keys(tmp_path)) as srv:
+        async with anyio.create_task_group() as tg:
+            first: list[httpx.Response] = []
+
+            async def occupy() -> None:
+                first.extend(await post_many(srv.url, [{"input": "first"}], PAID))
+
+            tg.start_soon(occupy)
+            await workers_in_state(srv.url, "busy", 1)  # "first" holds the only worker
+            late = {**PAID, "X-Request-Timeout-Ms": "300"}
+            (expired,) = await post_many(srv.url, [{"input": "late"}], late)
+            await anyio.to_thread.run_sync(leave_early, srv.port)
+        assert expired.status_code == 504
+        assert expired.json()["error"]["code"] == "deadline_exceeded"
+        assert first[0].json()["output"] == "tsrif"
+        (after,) = await post_many(srv.url, [{"input": "after"}], PAID)
+        assert after.json()["output"] == "retfa"
+        m = fetch_metrics(srv.url)
+        assert metric(m, "batchgate_batch_size_sum") == 2  # only "first" and "after" ran
+
+
+async def test_free_traffic_is_refused_fast_when_the_queue_is_deep() -> None:
+    args = ["--keys", "examples/keys.toml", "--batch-latency-ms", "300"]
+    with running_server(workers=1, args=args) as srv:
+        free = {"Authorization": "Bearer free-demo-key"}
+        responses = await post_many(srv.url, [{"input": f"f{i}"} for i in range(50)], free)
+        refused = [r for r in responses if r.status_code == 503]
+        assert refused and all(r.json()["error"]["code"] == "over_budget" for r in refused)
+        assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+        (paid,) = await post_many(srv.url, [{"input": "p"}], PAID)
+        assert paid.status_code == 200
