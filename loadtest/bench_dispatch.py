@@ -37,7 +37,7 @@ from api.settings import Settings
 from api.tiers import DEFAULT_TIERS
 from batcher import BatcherStatistics, BatchgateError, Closed, Item, ItemId, Tier
 from loadtest.plan import poisson
-from loadtest.probe import Latency
+from loadtest.probe_results import Latency
 
 DEFAULT_RATES = (100.0, 1_000.0, 5_000.0, 10_000.0, 20_000.0)
 REASONS = ("full", "timeout", "idle", "retry")

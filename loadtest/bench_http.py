@@ -18,7 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.probe import ProbeConfig, ProbeResult, TrafficClass, run_probe
+from loadtest.probe import ProbeConfig, TrafficClass, run_probe
+from loadtest.probe_results import ProbeResult
 from loadtest.server import RunningServer, cpu_seconds, fetch_metrics, metric, running_server
 
 DEFAULT_RATES = ("100@10", "100@2", "800@1", "1600@2")

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import anyio
 
-from loadtest.probe import ProbeConfig, ProbeResult, TrafficClass, format_result, run_probe
+from loadtest.probe import ProbeConfig, TrafficClass, run_probe
+from loadtest.probe_results import ProbeResult, format_result
 from loadtest.server import fetch_metrics, metric, running_server
 
 ADMIN = "admin-demo-key"

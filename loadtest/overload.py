@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import anyio
 
 from loadtest.chaos import worker_pids
-from loadtest.probe import ProbeConfig, ProbeResult, TrafficClass, run_probe
+from loadtest.probe import ProbeConfig, TrafficClass, run_probe
+from loadtest.probe_results import ProbeResult
 from loadtest.server import fetch_metrics, running_server
 
 

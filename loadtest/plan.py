@@ -26,7 +26,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 import batcher as b
-from loadtest.probe import percentile
+from loadtest.probe_results import percentile
 
 TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0000001 ms
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured

@@ -11,7 +11,8 @@ from contextlib import asynccontextmanager
 import orjson
 import pytest
 
-from loadtest.probe import ProbeConfig, ProbeResult, TrafficClass, percentile, run_probe
+from loadtest.probe import ProbeConfig, TrafficClass, run_probe
+from loadtest.probe_results import ProbeResult, percentile
 from loadtest.server import fetch_metrics, metric, running_server
 
 Answer = Callable[[str], str]
