@@ -51,7 +51,10 @@ class Routes:
             response = self._error(ApiError(499, "client_closed", "the client left"), tier)
         except Exception as exc:  # translated at the boundary, never a traceback
             response = self._error(exc, tier)
-        self.metrics.request_done(tier, response.status_code, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        if "server-timing" not in response.headers:  # errors and replays: the total only
+            response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
+        self.metrics.request_done(tier, response.status_code, elapsed)
         return response
 
     def _error(self, exc: BaseException, tier: str) -> Response:

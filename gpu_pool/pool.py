@@ -61,6 +61,11 @@ class PoolSettings:
     stable_after: float = 30.0  # a worker alive this long resets its slot's backoff
     restart: bool = True
 
+    def restart_delay(self, failures: int) -> float:
+        """Seconds before restarting a slot whose workers died `failures` times in a row:
+        exponential, capped, so a model that crashes at load cannot spin the CPU."""
+        return min(self.restart_backoff_max, self.restart_backoff * 2.0 ** max(0, failures - 1))
+
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -120,10 +125,7 @@ class WorkerPool:
                 async with self._restart_recv:
                     async for index in self._restart_recv:
                         slot = self._slots[index]
-                        delay = min(
-                            self._settings.restart_backoff_max,
-                            self._settings.restart_backoff * 2 ** max(0, slot.failures - 1),
-                        )
+                        delay = self._settings.restart_delay(slot.failures)
                         tg.start_soon(self._start, slot, delay)
         finally:
             with anyio.CancelScope(shield=True):

@@ -136,3 +136,24 @@ async def test_stop_leaves_no_worker_process_behind() -> None:
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_restart_backoff_doubles_and_is_capped() -> None:
+    s = PoolSettings(model="sim", workers=1, restart_backoff=0.5, restart_backoff_max=30.0)
+    assert [s.restart_delay(f) for f in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert s.restart_delay(50) == 30.0
+
+
+async def test_a_worker_that_dies_while_loading_is_retried_with_growing_backoff() -> None:
+    events = Events()
+    settings = PoolSettings(model="tests.crash_on_import:batchstring", workers=1,
+                            restart_backoff=0.05)
+    pool = WorkerPool(settings, events)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        with anyio.fail_after(30):
+            while pool.workers()[0].restarts < 3:
+                await events.changed.wait()  # each death is reported
+        assert events.ready == [] and pool.ready_count() == 0
+        assert pool._slots[0].failures >= 3  # each death before READY counts toward the backoff
+        tg.cancel_scope.cancel()
