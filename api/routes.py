@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from api.auth import KeyRing, Principal
 from api.errors import ApiError, error_response, retry_after, to_api_error
-from api.fastpath import HttpCall
+from api.fastpath import HttpCall, JsonAnswer
 from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
 from api.requests import Limits, PendingRequest, parse_body, parse_timeout
@@ -146,9 +146,7 @@ class Routes:
             self.metrics.queue_waited(tier, item.dispatched - item.arrived)
         batch = self.service.clock.now() - min(i.dispatched for i in items)
         timing = f"queue;dur={queue * 1000:.1f}, batch;dur={batch * 1000:.1f}"
-        return Response(
-            orjson.dumps(payload), media_type=JSON, headers={"Server-Timing": timing}
-        )
+        return JsonAnswer(orjson.dumps(payload), timing)
 
     async def healthz(self, request: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type=JSON)
