@@ -11,28 +11,16 @@ import httpx
 import pytest
 
 from loadtest.server import fetch_metrics, metric, running_server
-from tests.e2e.test_serve import post_many
+from tests.e2e.helpers import patient_keys, post_many, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
 KEYS = ["--keys", "examples/keys.toml"]
 
 
-async def workers_in_state(url: str, state: str, n: int) -> list[int]:
-    """Wait until `n` workers report `state`; their pids. Polls the other process."""
-    async with httpx.AsyncClient(base_url=url) as client:
-        with anyio.fail_after(30):
-            while True:
-                r = await client.get("/admin/workers",
-                                     headers={"Authorization": "Bearer admin-demo-key"})
-                pids = [w["pid"] for w in r.json()["workers"] if w["state"] == state]
-                if len(pids) >= n:
-                    return pids
-                await anyio.sleep(0.01)  # another process: poll it
-
-
-async def test_sigkill_mid_batch_loses_and_duplicates_nothing() -> None:
-    args = [*KEYS, "--batch-latency-ms", "300", "--max-wait-ms", "100"]
+async def test_sigkill_mid_batch_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    # A patient paid budget: after the kill, half the pool must not turn into refusals.
+    args = [*patient_keys(tmp_path), "--batch-latency-ms", "300", "--max-wait-ms", "100"]
     with running_server(workers=2, args=args) as srv:
         texts = [f"kill-{i}-{os.urandom(3).hex()}" for i in range(40)]
         async with anyio.create_task_group() as tg:

@@ -10,19 +10,10 @@ import httpx
 import pytest
 
 from loadtest.server import fetch_metrics, metric, running_server
-from tests.e2e.test_failover import workers_in_state
-from tests.e2e.test_serve import post_many
+from tests.e2e.helpers import patient_keys, post_many, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
-
-
-def patient_keys(tmp_path: Path) -> list[str]:
-    """The example keys with a paid budget long enough to queue behind 1 s batches."""
-    keys = tmp_path / "keys.toml"
-    text = Path("examples/keys.toml").read_text().replace("budget_ms = 400", "budget_ms = 60000")
-    keys.write_text(text)
-    return ["--keys", str(keys), "--batch-latency-ms", "1000", "--max-wait-ms", "0"]
 
 
 def leave_early(port: int) -> None:
@@ -35,7 +26,8 @@ def leave_early(port: int) -> None:
 
 
 async def test_expired_and_abandoned_requests_never_reach_a_worker(tmp_path: Path) -> None:
-    with running_server(workers=1, args=patient_keys(tmp_path)) as srv:
+    args = [*patient_keys(tmp_path), "--batch-latency-ms", "1000", "--max-wait-ms", "0"]
+    with running_server(workers=1, args=args) as srv:
         async with anyio.create_task_group() as tg:
             first: list[httpx.Response] = []
 

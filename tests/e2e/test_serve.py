@@ -10,26 +10,12 @@ import httpx
 import pytest
 
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
+from tests.e2e.helpers import post_many
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
 ADMIN = {"Authorization": "Bearer admin-demo-key"}
 KEYS = ["--keys", "examples/keys.toml"]
-
-
-async def post_many(url: str, bodies: list[dict[str, object]], headers: dict[str, str]
-                    ) -> list[httpx.Response]:
-    limits = httpx.Limits(max_connections=len(bodies))
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
-        out: list[httpx.Response | None] = [None] * len(bodies)
-
-        async def one(i: int) -> None:
-            out[i] = await client.post("/v1/batchstring", json=bodies[i], headers=headers)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(bodies)):
-                tg.start_soon(one, i)
-    return [r for r in out if r is not None]
 
 
 async def test_every_client_gets_its_own_answer_and_batches_form() -> None:
