@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import anyio
 from anyio.abc import TaskStatus
 
+from api.limits import pressure_factor
 from api.metrics import Metrics, Snapshot
 from api.settings import Settings
 from api.tiers import TierPolicy
@@ -157,8 +158,6 @@ class Service:
         return self.pool.workers()
 
     def snapshot(self) -> Snapshot:
-        from api.limits import pressure_factor
-
         gauges: dict[str, dict[str, float]] = {
             "estimated_wait_seconds": {},
             "admission_factor": {},
