@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 
 import orjson
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from api.auth import Unauthorized
@@ -48,6 +49,8 @@ def to_api_error(exc: BaseException) -> ApiError:
     match exc:
         case ApiError():
             return exc
+        case ClientDisconnect():
+            return ApiError(499, "client_closed", "the client closed the connection")
         case Unauthorized():
             return ApiError(401, "unauthorized", str(exc))
         case RateLimited():

@@ -41,14 +41,12 @@ class Routes:
         tier = "unknown"
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
-            tier = principal.tier.name.lower()
+            tier = principal.tier.label
             key = request.headers.get("idempotency-key")
             if key is None:
                 response = await self._serve(request, principal)
             else:
                 response = await self._idempotent(request, principal, key)
-        except ClientDisconnect:
-            response = self._error(ApiError(499, "client_closed", "the client left"), tier)
         except Exception as exc:  # translated at the boundary, never a traceback
             response = self._error(exc, tier)
         elapsed = time.perf_counter() - started
@@ -89,7 +87,7 @@ class Routes:
             try:
                 response = await self._serve(request, principal, body)
             except Exception as exc:
-                response = self._error(exc, principal.tier.name.lower())
+                response = self._error(exc, principal.tier.label)
             store.complete(begin.entry, StoredResponse(response.status_code, bytes(response.body)),
                            clock.now())
             return response
@@ -124,7 +122,7 @@ class Routes:
                 for item in items:
                     service.batcher.cancel(item)
         if pending.client_left:
-            raise ApiError(499, "client_closed", "the client closed the connection")
+            raise ClientDisconnect()
         if pending.error is not None:
             raise pending.error
         if pending.timed_out:
@@ -141,7 +139,7 @@ class Routes:
             else {"id": rid, "outputs": pending.outputs}
         )
         queue = max(i.dispatched - i.arrived for i in items)
-        tier = principal.tier.name.lower()
+        tier = principal.tier.label
         for item in items:
             self.metrics.queue_waited(tier, item.dispatched - item.arrived)
         batch = self.service.clock.now() - min(i.dispatched for i in items)

@@ -95,7 +95,6 @@ class Service:
         self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
             ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries
         )
-        self.draining = False
         self._batcher_done = anyio.Event()
         metrics.watch(self.snapshot)
 
@@ -125,7 +124,6 @@ class Service:
 
     async def drain(self) -> None:
         """Stop accepting, finish what is queued and running; the caller then stops loops."""
-        self.draining = True
         self.batcher.drain()
         with anyio.move_on_after(max(30.0, 2 * self.settings.hang_timeout)):
             await self._batcher_done.wait()  # the queue is empty
@@ -151,6 +149,10 @@ class Service:
         """Expected completion over the tier's budget: rate limits tighten as it nears 1."""
         return self.expected_wait(tier) / self.admission.budget(tier)
 
+    @property
+    def draining(self) -> bool:
+        return self.batcher.draining
+
     def ready(self) -> bool:
         return not self.draining and self.pool.ready_count() > 0
 
@@ -163,7 +165,7 @@ class Service:
             "admission_factor": {},
         }
         for tier in Tier:
-            name = tier.name.lower()
+            name = tier.label
             wait = self.expected_wait(tier)
             gauges["estimated_wait_seconds"][name] = wait if wait != float("inf") else -1.0
             gauges["admission_factor"][name] = pressure_factor(self.pressure(tier))

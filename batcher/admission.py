@@ -68,7 +68,7 @@ class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self._settings = settings
         self._latency = settings.initial_latency
-        self._refused = dict.fromkeys((t.name.lower() for t in Tier), 0)
+        self._refused = dict.fromkeys((t.label for t in Tier), 0)
 
     @property
     def batch_latency(self) -> float:
@@ -108,7 +108,7 @@ class Admission:
         if ahead > 0 and expected > self._settings.budgets[tier]:
             self._refuse(tier)
             raise Overloaded(
-                f"expected wait {expected * 1000:.0f} ms exceeds the {tier.name.lower()} "
+                f"expected wait {expected * 1000:.0f} ms exceeds the {tier.label} "
                 f"tier's budget of {self._settings.budgets[tier] * 1000:.0f} ms",
                 retry,
                 code="over_budget",
@@ -125,7 +125,7 @@ class Admission:
         return AdmissionStatistics(self._latency, dict(self._refused))
 
     def _refuse(self, tier: Tier) -> None:
-        self._refused[tier.name.lower()] += 1
+        self._refused[tier.label] += 1
 
 
 __all__ = ["Admission", "AdmissionSettings", "AdmissionStatistics", "RateMeter"]

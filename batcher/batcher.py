@@ -75,6 +75,10 @@ class Batcher:
         self._flushes: Counter[FlushReason] = Counter()
 
     @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
     def queues(self) -> TierQueues:
         return self._queues
 
@@ -93,8 +97,7 @@ class Batcher:
             self._admission.check(
                 tier, ahead, self._workers.ready_count(), deadline_in, self._overtaking(tier, now)
             )
-        if len(items) > 1:  # all or nothing; one item is checked by the queue itself
-            self._queues.ensure_room(tier, len(items))
+        self._queues.ensure_room(tier, len(items))  # all or nothing
         self._arrivals[tier].add(len(items), now)
         for item in items:
             self._put(item, now)

@@ -17,8 +17,6 @@ import anyio
 class Clock(Protocol):
     def now(self) -> float: ...
 
-    async def sleep_until(self, deadline: float) -> None: ...
-
 
 class MonotonicClock:
     """`time.monotonic`, the clock of asyncio's event loop; safe in reader callbacks."""
@@ -26,18 +24,12 @@ class MonotonicClock:
     def now(self) -> float:
         return time.monotonic()
 
-    async def sleep_until(self, deadline: float) -> None:
-        await anyio.sleep_until(deadline)
-
 
 class LoopClock:
     """The event loop's own monotonic clock (virtual under a mock-clocked test loop)."""
 
     def now(self) -> float:
         return anyio.current_time()
-
-    async def sleep_until(self, deadline: float) -> None:
-        await anyio.sleep_until(deadline)
 
 
 __all__ = ["Clock", "LoopClock", "MonotonicClock"]

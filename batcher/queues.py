@@ -48,13 +48,12 @@ class TierQueues:
     def ensure_room(self, tier: Tier, n: int) -> None:
         """Raise QueueFull unless `n` more items of `tier` fit under its cap."""
         if self._live[Lane.of(tier)] + n > self._capacity[tier]:
-            raise QueueFull(f"the {tier.name.lower()} queue is full", retry_after=1.0)
+            raise QueueFull(f"the {tier.label} queue is full", retry_after=1.0)
 
     def put_nowait(self, item: Item) -> None:
         """Append to the item's tier; raise QueueFull at the tier's hard cap."""
+        self.ensure_room(item.tier, 1)
         lane = Lane.of(item.tier)
-        if self._live[lane] >= self._capacity[item.tier]:
-            raise QueueFull(f"the {item.tier.name.lower()} queue is full", retry_after=1.0)
         item.lane = lane
         self._lanes[lane].append(item)
         self._live[lane] += 1
@@ -128,7 +127,7 @@ class TierQueues:
         return out
 
     def statistics(self) -> QueueStatistics:
-        depth = {lane.name.lower(): self._live[lane] for lane in Lane}
+        depth = {lane.label: self._live[lane] for lane in Lane}
         return QueueStatistics(depth=depth, total=sum(self._live))
 
     def _head(self, lane: Lane) -> Item | None:

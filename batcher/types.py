@@ -18,6 +18,11 @@ class Tier(enum.IntEnum):
     PAID = 0
     FREE = 1
 
+    @property
+    def label(self) -> str:
+        """The name in metrics, messages and config files."""
+        return self.name.lower()
+
 
 class Lane(enum.IntEnum):
     """Queue lanes in priority order: items re-run after a crash go before every tier."""
@@ -25,6 +30,10 @@ class Lane(enum.IntEnum):
     RETRY = 0
     PAID = 1
     FREE = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
 
     @classmethod
     def of(cls, tier: Tier) -> Lane:

@@ -133,7 +133,7 @@ class Dispatcher:
 
     async def wait_quiet(self) -> None:
         """Wait until no batch is in flight and no bisected group waits (for draining)."""
-        while self._busy():
+        while not self._table.quiet():
             self._settled = anyio.Event()
             await self._settled.wait()
 
@@ -146,10 +146,6 @@ class Dispatcher:
         return DispatcherStatistics(table=self._table.statistics(), hangs=self._hangs)
 
     # -- internals ---------------------------------------------------------------------------
-    def _busy(self) -> bool:
-        stats = self._table.statistics()
-        return stats.in_flight_batches > 0 or stats.pending_groups > 0
-
     def _apply(self, actions: Actions) -> None:
         for item, result in actions.deliver:
             item.settle(result)

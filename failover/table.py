@@ -103,15 +103,9 @@ class InFlightTable:
     def ready_count(self) -> int:
         return len(self._idle) + len(self._busy)
 
-    def has_idle(self) -> bool:
-        return bool(self._idle)
-
-    def is_busy(self, worker: WorkerId) -> bool:
-        return worker in self._busy
-
-    def batch_of(self, worker: WorkerId) -> InFlight | None:
-        batch_id = self._busy.get(worker)
-        return None if batch_id is None else self._batches[batch_id]
+    def quiet(self) -> bool:
+        """No batch in flight and no bisected group waiting: safe to stop the workers."""
+        return not self._batches and not self._groups
 
     # -- dispatch ------------------------------------------------------------------------
     def assign(self, items: list[Item], now: float, hang_timeout: float) -> Dispatch:

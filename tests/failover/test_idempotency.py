@@ -196,7 +196,7 @@ def test_twenty_joiners_get_the_leaders_response() -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(join_all, s, 20, results)
-                await anyio.sleep(0.05)  # virtual: the joiners are all waiting
+                await anyio.wait_all_tasks_blocked()  # the joiners are all waiting
                 s.complete(entry, OK, 0.05)
         return results
 
@@ -210,7 +210,7 @@ def test_joiners_of_a_5xx_attempt_get_that_5xx() -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(join_all, s, 3, results)
-                await anyio.sleep(0.05)
+                await anyio.wait_all_tasks_blocked()
                 s.complete(entry, UNAVAILABLE, 0.05)
         assert isinstance(s.begin("acct", "k", b"x", 1.0), Lead)
         return results
@@ -234,9 +234,9 @@ def test_a_cancelled_leader_wakes_its_joiners() -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(leader)
-                await anyio.sleep(0.01)
+                await anyio.wait_all_tasks_blocked()
                 tg.start_soon(join_all, s, 5, results)
-                await anyio.sleep(0.05)
+                await anyio.wait_all_tasks_blocked()
                 client.cancel()  # the leader's client went away
         return results
 
