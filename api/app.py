@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,12 +35,17 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with anyio.create_task_group() as tg:
-            await tg.start(service.run)
-            yield
-            log.info("draining")
-            await service.drain()
-            tg.cancel_scope.cancel()
+        unwatch = metrics.watch_gc()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(service.run)
+                settle_heap()
+                yield
+                log.info("draining")
+                await service.drain()
+                tg.cancel_scope.cancel()
+        finally:
+            unwatch()
         log.info("stopped")
 
     app = Starlette(
@@ -54,6 +60,24 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
         lifespan=lifespan,
     )
     return with_fast_path(app, routes.batchstring)
+
+
+GC_THRESHOLDS = (5_000, 10, 100)
+"""The collector's thresholds once serving. Request handling makes no cyclic garbage
+(checked with `gc.DEBUG_SAVEALL` under load), so every collection only walks live request
+state, at ~0.5 us an object. The default young threshold (700 net allocations) fired ~20
+times a second at 800 RPS, because answers are freed in bursts of a whole batch (lost
+decrements at the counter's floor) while arrivals allocate smoothly; 5,000 leaves
+collections to real growth."""
+
+
+def settle_heap() -> None:
+    """Start-up is over: move every object alive now (modules, app, settings) out of the
+    collector's reach, so that a collection walks only what requests allocate. Nothing here
+    is garbage anyway; freezing it costs no memory."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

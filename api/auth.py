@@ -28,6 +28,9 @@ class Principal:
     key: str | None  # None for anonymous requests
 
 
+ANONYMOUS = Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRing:
     keys: dict[str, Principal]
@@ -39,7 +42,7 @@ class KeyRing:
         """Map an Authorization header to a principal; raise Unauthorized."""
         if not authorization:
             if self.anonymous:
-                return Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)
+                return ANONYMOUS
             raise Unauthorized("an API key is required (Authorization: Bearer <key>)")
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

@@ -4,6 +4,8 @@ each component's `statistics()` at scrape time (the components hold no metric ob
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,37 +20,40 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from batcher import BatcherStatistics, FlushReason
-from failover import DispatcherStatistics
+from batcher import FlushReason
+from failover import CoreStatistics
 
 LATENCY_BUCKETS = (
     0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10, 30,
 )
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 100)
+PAUSE_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the gauges need, taken at scrape time."""
 
-    batcher: BatcherStatistics
-    dispatcher: DispatcherStatistics
+    core: CoreStatistics
     workers: dict[str, int]
     crashes: int
     tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
-    batch_latency: float
 
 
 class _StatsCollector(Collector):
     def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self._snapshot = snapshot
+        self._last = (time.monotonic(), 0.0)  # (when, busy seconds) at the previous scrape
 
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
+        b, t = s.core.batcher, s.core.table
         depth = GaugeMetricFamily(
             "batchgate_queue_depth", "Items waiting, by lane", labels=["tier"]
         )
-        for lane, n in s.batcher.depth.items():
+        for lane, n in b.depth.items():
             depth.add_metric([lane], n)
         yield depth
         workers = GaugeMetricFamily("batchgate_workers", "Workers by state", labels=["state"])
@@ -58,10 +63,10 @@ class _StatsCollector(Collector):
         flush = CounterMetricFamily(
             "batchgate_batch_flush", "Batches cut, by trigger", labels=["reason"]
         )
-        for reason, n in s.batcher.flushes.items():
+        for reason, n in b.flushes.items():
             flush.add_metric([reason], n)
         yield flush
-        t = s.dispatcher.table
+        yield from self._busy(s)
         yield CounterMetricFamily(
             "batchgate_worker_crashes", "Worker processes that died", value=s.crashes
         )
@@ -74,11 +79,11 @@ class _StatsCollector(Collector):
         )
         yield CounterMetricFamily(
             "batchgate_worker_hangs", "Workers killed for a hung batch",
-            value=s.dispatcher.hangs,
+            value=s.core.hangs,
         )
         yield CounterMetricFamily(
             "batchgate_expired_items", "Items dropped in the queue past their deadline",
-            value=s.batcher.expired,
+            value=b.expired,
         )
         for name, per_tier in s.tier_gauges.items():
             gauge = GaugeMetricFamily(f"batchgate_{name}", name.replace("_", " "),
@@ -88,12 +93,34 @@ class _StatsCollector(Collector):
             yield gauge
         yield GaugeMetricFamily(
             "batchgate_batch_latency_estimate_seconds", "Measured batch latency (EWMA)",
-            value=s.batch_latency,
+            value=s.core.batch_latency,
+        )
+        yield GaugeMetricFamily(
+            "batchgate_arrival_rate", "Items per second arriving (decaying average)",
+            value=b.arrival_rate,
+        )
+
+    def _busy(self, s: Snapshot) -> Iterator[Metric]:
+        """Busy seconds as a counter, and the busy ratio of the ready workers since the
+        previous scrape (the share of GPU time spent on batches)."""
+        now, busy = time.monotonic(), s.core.busy_seconds
+        then, before = self._last
+        self._last = (now, busy)
+        ready = s.workers.get("ready", 0) + s.workers.get("busy", 0)
+        ratio = (busy - before) / ((now - then) * ready) if ready and now > then else 0.0
+        yield CounterMetricFamily(
+            "batchgate_worker_busy_seconds", "Seconds workers spent holding a batch",
+            value=busy,
+        )
+        yield GaugeMetricFamily(
+            "batchgate_worker_busy_ratio",
+            "Share of the ready workers' time spent on batches since the previous scrape",
+            value=min(1.0, ratio),
         )
 
 
 class Metrics:
-    """The service's metrics; also the dispatcher's observer for batch sizes and durations."""
+    """The service's metrics; also the core owner's observer of every batch."""
 
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created doubles scrapes
@@ -124,6 +151,15 @@ class Metrics:
             "batchgate_idempotent_replays", "Answers served from the idempotency store",
             registry=r,
         )
+        self.idle_gap = Histogram(
+            "batchgate_worker_idle_gap_seconds",
+            "From a worker's reply to its next batch, when work was waiting for it",
+            buckets=PAUSE_BUCKETS, registry=r,
+        )
+        self.gc_pause = Histogram(
+            "batchgate_gc_pause_seconds", "Cyclic garbage collector pauses in this process",
+            ["generation"], buckets=PAUSE_BUCKETS, registry=r,
+        )
 
         # Labelled children looked up once: `labels()` costs more than the observation.
         self._answered: dict[tuple[str, int], Any] = {}
@@ -149,11 +185,28 @@ class Metrics:
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         self.registry.register(_StatsCollector(snapshot))
 
-    def batch_started(self, size: int, reason: FlushReason | None) -> None:
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
         self.batch_size.observe(size)
+        if idle_gap is not None:
+            self.idle_gap.observe(idle_gap)
 
-    def batch_finished(self, size: int, seconds: float) -> None:
+    def batch_done(self, seconds: float) -> None:
         self.batch_duration.observe(seconds)
+
+    def watch_gc(self) -> Callable[[], None]:
+        """Time every collection of this process; returns the function that stops it."""
+        pauses = [self.gc_pause.labels(str(g)) for g in range(3)]
+        started = 0.0
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            nonlocal started
+            if phase == "start":
+                started = time.perf_counter()
+            else:
+                pauses[info["generation"]].observe(time.perf_counter() - started)
+
+        gc.callbacks.append(on_gc)
+        return lambda: gc.callbacks.remove(on_gc)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

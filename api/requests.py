@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from dataclasses import dataclass
 
 import orjson
@@ -82,6 +83,12 @@ def parse_timeout(header: str | None, default: float, maximum: float) -> float:
     return min(ms / 1000, maximum)
 
 
+_QUIET = contextvars.Context()
+"""The context of the waiter's own timer and disconnect watch, which read no context
+variable: passing it spares each request the copies asyncio would make (and the collector
+the objects to walk)."""
+
+
 class PendingRequest:
     """The sink for one request's items: collates outputs in order, and resolves `done`
     once every item is answered, the first one fails, the client leaves or time runs out.
@@ -128,9 +135,11 @@ class PendingRequest:
     async def wait(self, seconds: float, receive: Receive) -> None:
         """Wait for the answer, the deadline, or the client leaving, whichever comes first."""
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(seconds, self.expire)
-        watch = asyncio.ensure_future(receive())
-        watch.add_done_callback(self.left)
+        timer = loop.call_later(seconds, self.expire, context=_QUIET)
+        watch: asyncio.Task[Message] = loop.create_task(
+            receive(), context=_QUIET  # type: ignore[arg-type]  # receive is a coroutine fn
+        )
+        watch.add_done_callback(self.left, context=_QUIET)
         try:
             await self.done
         finally:

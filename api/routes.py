@@ -114,13 +114,13 @@ class Routes:
         timeout = self._timeout(request, principal)
         pending = PendingRequest(len(parsed.texts))
         items = service.new_items(parsed.texts, principal.tier, now, timeout, pending)
-        service.batcher.admit(items, timeout)
+        service.core.admit(items, timeout)
         try:
             await pending.wait(timeout, request.receive)
         finally:
             if pending.remaining:  # not all answered: never run what is left
                 for item in items:
-                    service.batcher.cancel(item)
+                    service.core.cancel(item)
         if pending.client_left:
             raise ClientDisconnect()
         if pending.error is not None:

@@ -1,14 +1,15 @@
-"""Tier queues, the flush policy and the loop that cuts batches when a worker is free.
+"""Tier queues, the flush policy, admission, and the batcher that joins them.
 
 Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure flush
-decision, the batching loop, admission control and the injected clock.
+decision, the synchronous batcher (the batching half of the dispatch core), admission
+control and the injected clock.
 """
 
 from batcher.admission import Admission, AdmissionSettings, AdmissionStatistics, RateMeter
-from batcher.batcher import Batcher, BatcherStatistics, Closed, Workers
+from batcher.batcher import Batcher, BatcherStatistics, Closed, Cut
 from batcher.clock import Clock, LoopClock, MonotonicClock
 from batcher.errors import BatchgateError, DeadlineExceeded, Overloaded, QueueFull
-from batcher.policy import FlushPolicy
+from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import QueueStatistics, TierQueues
 from batcher.types import MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
 
@@ -20,8 +21,10 @@ __all__ = [
     "Batcher",
     "BatcherStatistics",
     "BatchgateError",
+    "Capacity",
     "Clock",
     "Closed",
+    "Cut",
     "DeadlineExceeded",
     "FlushPolicy",
     "FlushReason",
@@ -37,5 +40,4 @@ __all__ = [
     "RateMeter",
     "Tier",
     "TierQueues",
-    "Workers",
 ]

@@ -1,9 +1,8 @@
-"""The batching loop: joins the tier queues, the flush policy and the free workers.
+"""The batching half of the dispatch core: tier queues, flush policy, admission, arrival rate.
 
-It forms a batch only when a worker is free and the policy says so, then hands it to the
-`Workers` seam synchronously; everything slow happens elsewhere. It sleeps until the one
-event that can change its decision: an arrival that matters, a worker coming free, or the
-oldest item's `max_wait` running out.
+Plain synchronous code with time passed in: it never awaits and never reads a clock. It
+cuts a batch only when asked with a worker idle (late binding); the core that owns it
+decides when to ask, and says when it next needs asking (`due`).
 """
 
 from __future__ import annotations
@@ -11,33 +10,24 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Protocol
-
-import anyio
-from anyio.abc import TaskStatus
 
 from batcher.admission import Admission, RateMeter
-from batcher.clock import Clock
-from batcher.errors import DeadlineExceeded
-from batcher.policy import FlushPolicy
+from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import TierQueues
 from batcher.types import FlushReason, Item, Tier
 
 
-class Workers(Protocol):
-    """What the batcher needs of the pool: how many are idle, and a way to hand one a batch."""
-
-    def idle_count(self) -> int: ...
-
-    def ready_count(self) -> int:
-        """Workers up (idle or busy): the pool's capacity right now."""
-
-    def submit(self, items: list[Item], reason: FlushReason) -> None:
-        """Start `items` (1..max_batch) on an idle worker; called only while one is idle."""
-
-
 class Closed(Exception):
-    """Raised by `put_nowait` once the batcher drains: no new work is accepted."""
+    """Raised by `admit` once the batcher drains: no new work is accepted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A batch to run (possibly empty) and the items found past their deadline on the way."""
+
+    items: list[Item]
+    reason: FlushReason
+    expired: list[Item]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,29 +39,20 @@ class BatcherStatistics:
     flushes: dict[str, int]
     expired: int
     draining: bool
+    arrival_rate: float
 
 
 class Batcher:
     def __init__(
-        self,
-        queues: TierQueues,
-        policy: FlushPolicy,
-        clock: Clock,
-        workers: Workers,
-        admission: Admission | None = None,
+        self, queues: TierQueues, policy: FlushPolicy, admission: Admission | None = None
     ) -> None:
         self._queues = queues
+        self._policy = policy
         self._admission = admission
         self._arrivals = {tier: RateMeter() for tier in Tier}
         self._above = {tier: tuple(t for t in Tier if t < tier) for tier in Tier}
-        self._policy = policy
-        self._clock = clock
-        self._workers = workers
-        self._wakeup = anyio.Event()
         self._draining = False
-        self._batches = 0
-        self._items = 0
-        self._expired = 0
+        self._batches = self._items = self._expired = 0
         self._flushes: Counter[FlushReason] = Counter()
 
     @property
@@ -82,8 +63,15 @@ class Batcher:
     def queues(self) -> TierQueues:
         return self._queues
 
-    def admit(self, items: list[Item], deadline_in: float) -> None:
-        """Admit a request's items together or refuse them all.
+    @property
+    def policy(self) -> FlushPolicy:
+        return self._policy
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:
+        """Queue a request's items together or refuse them all.
 
         Raises `Closed` while draining, `Overloaded` when admission control refuses, and
         `QueueFull` at the tier's hard cap; on any refusal no item is queued.
@@ -91,81 +79,74 @@ class Batcher:
         if self._draining:
             raise Closed("the server is shutting down")
         tier = items[0].tier
-        now = self._clock.now()
         if self._admission is not None:
             ahead = self._queues.depth_through(tier) + len(items) - 1
-            self._admission.check(
-                tier, ahead, self._workers.ready_count(), deadline_in, self._overtaking(tier, now)
-            )
+            self._admission.check(tier, ahead, ready, deadline_in, self._overtaking(tier, now))
         self._queues.ensure_room(tier, len(items))  # all or nothing
         self._arrivals[tier].add(len(items), now)
         for item in items:
-            self._put(item, now)
+            item.enqueued = now
+            self._queues.put_nowait(item)
 
-    def expected_wait(self, tier: Tier) -> float:
+    def cancel(self, item: Item) -> None:
+        """The waiter gave up (client gone, deadline passed): never run this item."""
+        self._queues.cancel(item)
+
+    def push_retry(self, items: list[Item], now: float) -> None:
+        """Re-queue the items of a failed batch ahead of everything else."""
+        for item in items:
+            item.enqueued = now
+        self._queues.push_retry(items)
+
+    def drain(self) -> None:
+        """Stop accepting; whatever is queued is cut at once from now on."""
+        self._draining = True
+
+    def cut(self, now: float, capacity: Capacity) -> Cut | None:
+        """Cut the next batch if the policy says so (items may be empty when every item
+        taken had expired); None to keep waiting."""
+        oldest = self._queues.oldest()
+        if oldest is None:
+            return None
+        reason = self._policy.decide(
+            pending=len(self._queues),
+            oldest_enqueued=-math.inf if self._draining else oldest.enqueued,
+            now=now,
+            pool=capacity,
+            retry=self._queues.has_retry(),
+        )
+        if reason is None:
+            return None
+        batch, expired = self._queues.pop_batch(self._policy.max_batch, now)
+        self._expired += len(expired)
+        if batch:
+            self._batches += 1
+            self._items += len(batch)
+            self._flushes[reason] += 1
+        return Cut(batch, reason, expired)
+
+    def due(self) -> float:
+        """When the oldest queued item's wait runs out (inf with nothing queued)."""
+        oldest = self._queues.oldest()
+        return math.inf if oldest is None else self._policy.due(oldest.enqueued)
+
+    def arrival_rate(self, now: float) -> float:
+        """Items per second arriving over every tier (decaying average)."""
+        return sum(meter.rate(now) for meter in self._arrivals.values())
+
+    def expected_wait(self, tier: Tier, now: float, ready: int) -> float:
         """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""
         if self._admission is None:
             return 0.0
         return self._admission.estimate(
-            self._queues.depth_through(tier), self._workers.ready_count(),
-            self._overtaking(tier, self._clock.now()),
+            self._queues.depth_through(tier), ready, self._overtaking(tier, now)
         )
 
     def _overtaking(self, tier: Tier, now: float) -> float:
         """Items/s arriving in tiers that will be served before `tier`."""
         return sum(self._arrivals[t].rate(now) for t in self._above[tier])
 
-    def put_nowait(self, item: Item) -> None:
-        """Queue an item; raise `Closed` while draining, `QueueFull` at the tier's cap."""
-        if self._draining:
-            raise Closed("the server is shutting down")
-        self._put(item, self._clock.now())
-
-    def _put(self, item: Item, now: float) -> None:
-        item.enqueued = now
-        was_empty = len(self._queues) == 0
-        self._queues.put_nowait(item)
-        # Only wake the loop when this arrival can change its decision.
-        idle = self._workers.idle_count()
-        if idle and (
-            was_empty
-            or len(self._queues) >= self._policy.max_batch
-            or (self._policy.idle_trigger and idle > 1)
-        ):
-            self._wakeup.set()
-
-    def cancel(self, item: Item) -> None:
-        """The waiter gave up (client gone, deadline passed): never run this item."""
-        self._queues.cancel(item)
-
-    def push_retry(self, items: list[Item]) -> None:
-        """Re-queue the items of a failed batch ahead of everything else."""
-        now = self._clock.now()
-        for item in items:
-            item.enqueued = now
-        self._queues.push_retry(items)
-        self._wakeup.set()
-
-    def wake(self) -> None:
-        """A worker came free (or back to life): reconsider at once."""
-        self._wakeup.set()
-
-    def drain(self) -> None:
-        """Stop accepting; the loop flushes what is queued at once and then returns."""
-        self._draining = True
-        self._wakeup.set()
-
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            self._flush_ready()
-            if self._draining and len(self._queues) == 0:
-                return
-            self._wakeup = anyio.Event()
-            with anyio.CancelScope(deadline=self._next_timer()):
-                await self._wakeup.wait()
-
-    def statistics(self) -> BatcherStatistics:
+    def statistics(self, now: float) -> BatcherStatistics:
         q = self._queues.statistics()
         return BatcherStatistics(
             pending=q.total,
@@ -175,43 +156,8 @@ class Batcher:
             flushes={r.value: self._flushes[r] for r in FlushReason},
             expired=self._expired,
             draining=self._draining,
+            arrival_rate=self.arrival_rate(now),
         )
 
-    def _flush_ready(self) -> None:
-        while True:
-            idle = self._workers.idle_count()
-            oldest = self._queues.oldest()
-            if idle <= 0 or oldest is None:
-                return
-            now = self._clock.now()
-            reason = self._policy.decide(
-                pending=len(self._queues),
-                oldest_enqueued=-math.inf if self._draining else oldest.enqueued,
-                now=now,
-                idle_workers=idle,
-                retry=self._queues.has_retry(),
-            )
-            if reason is None:
-                return
-            batch, expired = self._queues.pop_batch(self._policy.max_batch, now)
-            for item in expired:
-                self._expired += 1
-                item.settle(DeadlineExceeded("the request's deadline passed while queued"))
-            if batch:
-                for item in batch:
-                    item.dispatched = now
-                self._batches += 1
-                self._items += len(batch)
-                self._flushes[reason] += 1
-                self._workers.submit(batch, reason)
 
-    def _next_timer(self) -> float:
-        if self._workers.idle_count() <= 0:
-            return math.inf
-        oldest = self._queues.oldest()
-        if oldest is None:
-            return math.inf
-        return self._policy.due(oldest.enqueued)
-
-
-__all__ = ["Batcher", "BatcherStatistics", "Closed", "Workers"]
+__all__ = ["Batcher", "BatcherStatistics", "Closed", "Cut"]

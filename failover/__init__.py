@@ -1,9 +1,12 @@
-"""Owns every batch in flight: hands batches to workers, answers each item exactly once,
-re-routes the items of a dead worker, isolates poison inputs, and remembers idempotent
-requests.
+"""The dispatch core and its owner: hands batches to workers, answers each item exactly
+once, re-routes the items of a dead worker, isolates poison inputs, and remembers
+idempotent requests.
+
+`DispatchCore` is the synchronous state machine (batcher + in-flight table); `CoreOwner`
+is the one task that feeds it events and performs its actions.
 """
 
-from failover.dispatcher import Dispatcher, DispatcherStatistics, DispatchObserver, Pool
+from failover.core import CoreActions, CoreStatistics, DispatchCore, Send
 from failover.errors import (
     ContractViolation,
     IdempotencyMismatch,
@@ -23,6 +26,7 @@ from failover.idempotency import (
     Replay,
     StoredResponse,
 )
+from failover.owner import CoreObserver, CoreOwner
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
 
 __all__ = [
@@ -30,10 +34,12 @@ __all__ = [
     "Actions",
     "Begin",
     "ContractViolation",
+    "CoreActions",
+    "CoreObserver",
+    "CoreOwner",
+    "CoreStatistics",
     "Dispatch",
-    "DispatchObserver",
-    "Dispatcher",
-    "DispatcherStatistics",
+    "DispatchCore",
     "Entry",
     "IdempotencyMismatch",
     "IdempotencyStatistics",
@@ -45,8 +51,8 @@ __all__ = [
     "MemoryIdempotencyStore",
     "ModelError",
     "NoHealthyWorker",
-    "Pool",
     "Replay",
+    "Send",
     "StoredResponse",
     "TableStatistics",
     "WorkerCrashed",

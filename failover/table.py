@@ -205,10 +205,14 @@ class InFlightTable:
     def next_hang_deadline(self) -> float:
         return min((b.hang_deadline for b in self._batches.values()), default=math.inf)
 
-    def abandon_groups(self) -> list[Item]:
-        """Shutdown: the bisected groups that will never get a worker."""
+    def abandon(self) -> list[Item]:
+        """Shutdown: every item in flight or in a bisected group, which will never be
+        answered now; the table forgets them."""
         items = [i for group, _ in self._groups for i in group]
+        items += [i for batch in self._batches.values() for i in batch.items]
         self._groups.clear()
+        self._batches.clear()
+        self._busy.clear()
         return items
 
     def statistics(self) -> TableStatistics:

@@ -1,11 +1,13 @@
 """The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
 
-Offers the wire messages, the supervisor (`WorkerPool`), its settings and the model loader.
+Offers the pool seam (`Pool`, `PoolEvents`), the wire messages, the process pool
+(`WorkerPool`), its settings and the model loader.
 """
 
 from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, validate_spec
-from gpu_pool.pool import PoolEvents, PoolSettings, WorkerInfo, WorkerPool, WorkerState
+from gpu_pool.pool import PoolSettings, WorkerPool, WorkerState
 from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
 from gpu_pool.worker import WorkerConfig, worker_main
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "BatchModel",
     "Err",
     "Ok",
+    "Pool",
     "PoolEvents",
     "PoolSettings",
     "Ready",

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.seam import PoolEvents, WorkerInfo
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")
@@ -37,16 +37,6 @@ class WorkerState(enum.Enum):
     BUSY = "busy"
     DEAD = "dead"
     STOPPED = "stopped"
-
-
-class PoolEvents(Protocol):
-    """Where the pool reports; called from the event loop, must not block."""
-
-    def worker_ready(self, worker: WorkerId) -> None: ...
-
-    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None: ...
-
-    def worker_died(self, worker: WorkerId) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +63,6 @@ class PoolSettings:
             raise ValueError("batch latency floor must be >= 0")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    id: int
-    slot: int
-    pid: int | None
-    state: str
-    device: str
-    batches: int
-    restarts: int
-
-
 @dataclass(slots=True)
 class _Slot:
     index: int
@@ -100,10 +79,25 @@ class _Slot:
     exited: anyio.Event = field(default_factory=anyio.Event)
 
 
+class _Unstarted:
+    """The pool's listener before `run` names one: no worker exists, so nothing is heard."""
+
+    def worker_ready(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_died(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+
 class WorkerPool:
-    def __init__(self, settings: PoolSettings, events: PoolEvents) -> None:
+    """The process pool: the first implementation of `gpu_pool.seam.Pool`."""
+
+    def __init__(self, settings: PoolSettings) -> None:
         self._settings = settings
-        self._events = events
+        self._events: PoolEvents = _Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
         self._ids = itertools.count(1)
         self._slots = [_Slot(i) for i in range(settings.workers)]
@@ -115,8 +109,11 @@ class WorkerPool:
         )
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, events: PoolEvents, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Start every slot, then restart dead ones until cancelled; stops workers on exit."""
+        self._events = events
         try:
             async with anyio.create_task_group() as tg:
                 for slot in self._slots:
@@ -160,18 +157,17 @@ class WorkerPool:
             slot.state = WorkerState.STOPPED
 
     # -- commands ----------------------------------------------------------------------------
-    def send(self, worker: WorkerId, run: Run) -> bool:
-        """Hand a batch to a ready worker; False if it is gone (its death is reported)."""
+    def send(self, worker: WorkerId, run: Run) -> None:
+        """Hand a batch to a ready worker. One that is gone was (or is now) reported dead."""
         slot = self._by_worker.get(worker)
         if slot is None or slot.conn is None or slot.state is not WorkerState.READY:
-            return False
+            return
         try:
             slot.conn.send(run)
         except OSError:
             self._lost(slot, worker)
-            return False
+            return
         slot.state = WorkerState.BUSY
-        return True
 
     def kill(self, worker: WorkerId) -> None:
         """SIGKILL a worker (hung batch); its death arrives through the sentinel."""
@@ -308,4 +304,4 @@ class WorkerPool:
         self._by_worker.pop(slot.worker, None)
 
 
-__all__ = ["PoolEvents", "PoolSettings", "WorkerInfo", "WorkerPool", "WorkerState"]
+__all__ = ["PoolSettings", "WorkerPool", "WorkerState"]

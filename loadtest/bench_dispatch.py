@@ -159,15 +159,15 @@ async def measure(rate: float, workers: int, idle_trigger: bool, duration: float
     service = service_for(workers, idle_trigger)
     async with anyio.create_task_group() as tg:
         await tg.start(service.run)
-        before = service.batcher.statistics()
+        before = service.core.statistics().batcher
         cpu0 = time.process_time()
         t0 = time.monotonic() + 0.01
         arrivals = [t0 + x for x in offsets]
-        lags = await _offer(service.batcher.admit, arrivals, tally)
+        lags = await _offer(service.core.admit, arrivals, tally)
         with anyio.move_on_after(SETTLE_S):
             await tally.all_done.wait()
         cpu = time.process_time() - cpu0
-        after = service.batcher.statistics()
+        after = service.core.statistics().batcher
         lost = tally.count - tally.answered  # before draining answers them with errors
         await service.drain()
         tg.cancel_scope.cancel()

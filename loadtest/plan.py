@@ -1,15 +1,11 @@
-"""Capacity planner: how many GPUs a load needs, checked against the real batcher.
+"""Capacity planner: how many GPUs a load needs, checked against the real dispatch core.
 
 `ceil(items/s / (max_batch / batch_latency))` is the floor. Poisson bursts need more, so each
-count runs in virtual time (trio's MockClock) through the project's own `Batcher`,
-`TierQueues` and `FlushPolicy` (idle trigger on) against fake workers that take exactly the
-batch latency; the smallest whose P95 (per request, arrival to last output) meets the target
-wins. A saturated count never does: its queue grows without bound, whatever a window shows.
-
-Speed: a virtual sleep costs ~35 us of CPU, so a count simulates at most `MAX_REQUESTS`
-arrivals; and while no worker is idle the batcher cannot react to an arrival, so arrivals
-then wait to be queued until a worker frees, stamped with their own times (exact: a test
-holds it equal to `simulate(eager=True)`, which sleeps until every arrival).
+count runs through the project's own dispatch core (`failover.simulation`: exact event time,
+idle trigger on) against contract workers that take exactly the batch latency; the smallest
+whose P95 (per request, arrival to last output) meets the target wins. A saturated count
+never does: its queue grows without bound, whatever a window shows. A count simulates at
+most `MAX_REQUESTS` arrivals, to bound the planner's CPU.
 """
 
 from __future__ import annotations
@@ -22,11 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-import anyio
-from anyio.abc import TaskGroup
-
 import batcher as b
-from loadtest.probe_results import percentile
+from failover.simulation import simulate as run_simulation
 
 TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0000001 ms
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
@@ -76,78 +69,6 @@ def floor_gpus(rps: float, max_batch: int, batch_latency_ms: float, inputs: int 
     return max(1, math.ceil(round(rps * inputs * batch_latency_ms / (max_batch * 1000), 9)))
 
 
-class _Run:
-    """One simulation: the arrivals, a fake pool of `count` workers (the batcher's
-    `Workers`), the sink of every item (one request is `inputs` consecutive ids)."""
-
-    def __init__(self, arrivals: list[float], count: int, latency: float, inputs: int,
-                 duration: float, eager: bool) -> None:
-        self.arrivals, self.count, self.latency, self.inputs = arrivals, count, latency, inputs
-        self.measure_from, self.eager, self.start = min(WARMUP_S, duration / 5), eager, 0.0
-        self.busy = self.next = self.open = 0
-        self.remaining: list[int] = []
-        self.latencies: list[float] = []
-        self.freed, self.finished = anyio.Event(), anyio.Event()
-        self.batcher: b.Batcher | None = None
-        self.tg: TaskGroup | None = None
-
-    def idle_count(self) -> int:
-        return self.count - self.busy
-
-    def ready_count(self) -> int:
-        return self.count
-
-    def submit(self, items: list[b.Item], reason: b.FlushReason) -> None:
-        assert self.tg is not None and self.busy < self.count
-        self.busy += 1
-        self.tg.start_soon(self._batch, items)
-
-    async def _batch(self, items: list[b.Item]) -> None:
-        await anyio.sleep(self.latency)
-        for item in items:
-            item.settle(item.text)
-        self.catch_up()  # before the worker counts as idle: nothing could have reacted yet
-        self.busy -= 1
-        assert self.batcher is not None
-        self.batcher.wake()
-        self.freed.set()
-
-    async def feed(self) -> None:
-        """Queue each arrival at its time; with no worker idle, wait for one to free."""
-        while self.next < len(self.arrivals):
-            if self.eager or self.idle_count() > 0:
-                await anyio.sleep_until(self.start + self.arrivals[self.next])
-            else:
-                self.freed = anyio.Event()
-                await self.freed.wait()
-            self.catch_up()
-
-    def catch_up(self) -> None:
-        """Queue every request whose arrival time has come, stamped with that time."""
-        now = anyio.current_time() - self.start
-        assert self.batcher is not None
-        while self.next < len(self.arrivals) and self.arrivals[self.next] <= now:
-            at, n = self.arrivals[self.next], self.next
-            self.next, self.open = n + 1, self.open + 1
-            self.remaining.append(self.inputs)
-            for k in range(self.inputs):
-                item = b.Item(b.ItemId(n * self.inputs + k), "x", b.Tier.PAID,
-                              self.start + at, math.inf, self, k)
-                self.batcher.put_nowait(item)
-                item.enqueued = self.start + at
-
-    def item_done(self, item: b.Item, result: str | BaseException) -> None:
-        n = item.id // self.inputs
-        self.remaining[n] -= 1
-        if self.remaining[n]:
-            return
-        self.open -= 1
-        if (at := self.arrivals[n]) >= self.measure_from:
-            self.latencies.append(anyio.current_time() - self.start - at)
-        if self.open == 0 and self.next == len(self.arrivals):
-            self.finished.set()
-
-
 def poisson(rps: float, duration: float, seed: int) -> list[float]:
     """Arrival times in [0, duration) of a Poisson process of rate `rps`."""
     rng, t, out = random.Random(seed), 0.0, []
@@ -157,32 +78,13 @@ def poisson(rps: float, duration: float, seed: int) -> list[float]:
 
 
 def simulate(arrivals: list[float], workers: int, policy: b.FlushPolicy, latency: float,
-             inputs: int, duration: float, eager: bool = False) -> Simulation:
-    """Run the real batcher over `arrivals` (non-empty) in virtual time. `eager` wakes for
-    every arrival: slow, the reference the fast path is tested against."""
-    import trio.testing  # a dev dependency: only the planner needs it
-
-    run = _Run(arrivals, workers, latency, inputs, duration, eager)
-
-    async def main() -> b.BatcherStatistics:
-        run.start = anyio.current_time()
-        queues = b.TierQueues(dict.fromkeys(b.Tier, len(arrivals) * inputs))
-        run.batcher = batcher = b.Batcher(queues, policy, b.LoopClock(), run)
-        with anyio.move_on_after(duration + 600.0):  # virtual seconds: a backstop only
-            async with anyio.create_task_group() as tg:
-                run.tg = tg
-                await tg.start(batcher.run)
-                tg.start_soon(run.feed)
-                await run.finished.wait()
-                tg.cancel_scope.cancel()
-        return batcher.statistics()
-
-    clock = trio.testing.MockClock(autojump_threshold=0)
-    stats = anyio.run(main, backend="trio", backend_options={"clock": clock})
-    lat = sorted(run.latencies)
+             inputs: int, duration: float) -> Simulation:
+    """Run the real dispatch core over `arrivals` (non-empty) in exact event time."""
+    result = run_simulation(arrivals, workers, policy, latency, inputs,
+                            warmup=min(WARMUP_S, duration / 5))
     util = len(arrivals) * inputs / duration * latency / (workers * policy.max_batch)
-    return Simulation(workers, util, percentile(lat, 0.5), percentile(lat, 0.95),
-                      stats.items / max(1, stats.batches))
+    return Simulation(workers, util, result.percentile(0.5), result.percentile(0.95),
+                      result.mean_fill)
 
 
 def plan(

@@ -55,16 +55,19 @@ def free_port() -> int:
 
 
 def start_server(
-    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0
+    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> RunningServer:
-    """Spawn `batchgate serve` on a free port and return once `/readyz` answers 200."""
+    """Spawn `batchgate serve` on a free port and return once `/readyz` answers 200; `env`
+    is added to this process's environment."""
     port = free_port()
     fd, name = tempfile.mkstemp(prefix=f"batchgate-{port}-", suffix=".log")
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--model", model, "--workers", str(workers), *args]
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **(env or {})})
     server = RunningServer(proc, port, Path(name))
     try:
         wait_ready(server, ready_timeout_s)
@@ -111,10 +114,11 @@ def stop_server(server: RunningServer, grace_s: float = 20.0) -> list[int]:
 
 @contextlib.contextmanager
 def running_server(
-    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0
+    workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RunningServer]:
     """`with running_server(2) as srv:` ... the server is stopped on every path."""
-    server = start_server(workers, model, args, ready_timeout_s)
+    server = start_server(workers, model, args, ready_timeout_s, env)
     try:
         yield server
     finally:

@@ -1,16 +1,18 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batcher import MAX_BATCH, FlushPolicy, FlushReason
+from batcher import MAX_BATCH, Capacity, FlushPolicy, FlushReason
 
 policy = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=True)
 
 
 def decide(
-    p: FlushPolicy, pending: int, waited: float, idle: int, retry: bool = False
+    p: FlushPolicy, pending: int, waited: float, idle: int, retry: bool = False,
+    ready: int = 12, needed: float = 0.0,
 ) -> FlushReason | None:
     return p.decide(
-        pending=pending, oldest_enqueued=-waited, now=0.0, idle_workers=idle, retry=retry
+        pending=pending, oldest_enqueued=-waited, now=0.0,
+        pool=Capacity(idle, max(ready, idle), needed), retry=retry,
     )
 
 
@@ -39,6 +41,17 @@ def test_spare_capacity_flushes_at_once() -> None:
     assert decide(policy, 1, 0.0, 2, False) is FlushReason.IDLE
 
 
+def test_the_idle_trigger_keeps_the_workers_the_load_needs() -> None:
+    # 10 workers, 4 busy, the load needs 4 at full batches: 4 + 1 + 1.5 x 4 > 10, so wait.
+    assert decide(policy, 1, 0.0, 6, ready=10, needed=4.0) is None
+    assert decide(policy, 1, 0.0, 6, ready=10, needed=3.0) is FlushReason.IDLE
+
+
+def test_under_heavy_load_the_idle_trigger_never_fires() -> None:
+    # 20,000 items/s on 22 workers needs 20 of them: two idle workers never cut early.
+    assert decide(policy, 30, 0.0, 2, ready=22, needed=20.0) is None
+
+
 def test_idle_trigger_can_be_turned_off() -> None:
     plain = FlushPolicy(idle_trigger=False)
     assert decide(plain, 1, 0.0, 8, False) is None
@@ -49,7 +62,10 @@ def test_retried_items_never_wait_again() -> None:
 
 
 def test_settings_are_validated() -> None:
-    for bad in ({"max_batch": 0}, {"max_batch": MAX_BATCH + 1}, {"max_wait": -1.0}):
+    bad_settings = (
+        {"max_batch": 0}, {"max_batch": MAX_BATCH + 1}, {"max_wait": -1.0}, {"spare": -1.0}
+    )
+    for bad in bad_settings:
         try:
             FlushPolicy(**bad)  # type: ignore[arg-type]
         except ValueError:
@@ -61,15 +77,20 @@ def test_settings_are_validated() -> None:
     pending=st.integers(0, 500),
     waited=st.floats(0, 1),
     idle=st.integers(0, 12),
+    busy=st.integers(0, 12),
+    needed=st.floats(0, 30),
     retry=st.booleans(),
     idle_trigger=st.booleans(),
 )
 def test_flushes_exactly_when_a_trigger_holds(
-    pending: int, waited: float, idle: int, retry: bool, idle_trigger: bool
+    pending: int, waited: float, idle: int, busy: int, needed: float, retry: bool,
+    idle_trigger: bool,
 ) -> None:
     p = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=idle_trigger)
     got = p.decide(
-        pending=pending, oldest_enqueued=-waited, now=0.0, idle_workers=idle, retry=retry
+        pending=pending, oldest_enqueued=-waited, now=0.0,
+        pool=Capacity(idle, idle + busy, needed), retry=retry,
     )
-    trigger = retry or pending >= 100 or waited >= 0.05 or (idle_trigger and idle > 1)
+    spare = idle > 1 and busy + 1 + 1.5 * needed <= idle + busy
+    trigger = retry or pending >= 100 or waited >= 0.05 or (idle_trigger and spare)
     assert (got is not None) == (idle > 0 and pending > 0 and trigger)

@@ -59,9 +59,9 @@ async def running_pool(model: str, workers: int = 1, **kw: object) -> AsyncItera
     events = Events()
     settings = PoolSettings(model=model, workers=workers, latency_floor=0.0,
                             restart_backoff=0.05, **kw)  # type: ignore[arg-type]
-    pool = WorkerPool(settings, events)
+    pool = WorkerPool(settings)
     async with anyio.create_task_group() as tg:
-        await tg.start(pool.run)
+        await tg.start(pool.run, events)
         await events.wait_for(lambda: len(events.ready) >= workers)
         yield pool, events
         tg.cancel_scope.cancel()
@@ -76,7 +76,7 @@ def test_messages_survive_a_pickle_round_trip() -> None:
 async def test_a_batch_comes_back_in_order() -> None:
     async with running_pool("sim") as (pool, events):
         w = events.ready[0]
-        assert pool.send(w, Run(BatchId(1), ("abc", "de")))
+        pool.send(w, Run(BatchId(1), ("abc", "de")))
         await events.wait_for(lambda: events.replies)
         assert events.replies[0] == (w, Ok(BatchId(1), ("cba", "ed"), events.replies[0][1].seconds))  # type: ignore[union-attr]
 
@@ -88,7 +88,7 @@ async def test_a_model_exception_is_an_error_and_the_worker_lives() -> None:
         await events.wait_for(lambda: events.replies)
         reply = events.replies[0][1]
         assert isinstance(reply, Err) and reply.error_type == "ValueError"
-        assert pool.send(w, Run(BatchId(2), ("ok",)))
+        pool.send(w, Run(BatchId(2), ("ok",)))
         await events.wait_for(lambda: len(events.replies) == 2)
         assert events.died == []
 
@@ -148,9 +148,9 @@ async def test_a_worker_that_dies_while_loading_is_retried_with_growing_backoff(
     events = Events()
     settings = PoolSettings(model="tests.crash_on_import:batchstring", workers=1,
                             restart_backoff=0.05)
-    pool = WorkerPool(settings, events)
+    pool = WorkerPool(settings)
     async with anyio.create_task_group() as tg:
-        await tg.start(pool.run)
+        await tg.start(pool.run, events)
         with anyio.fail_after(30):
             while pool.workers()[0].restarts < 3:
                 await events.changed.wait()  # each death is reported

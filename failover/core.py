@@ -1,0 +1,231 @@
+"""The dispatch core: one synchronous state machine for everything between door and pool.
+
+It joins the batcher (tier queues, flush policy, admission) and the in-flight table
+(batches on workers, fencing, re-route, bisection, hangs). Events go in (items admitted or
+cancelled, a worker ready, a reply, a death, time passing) and each returns the actions to
+carry out: batches to send, workers to kill, items to settle. It reads no clock and does no
+I/O; `next_deadline` says when it next needs waking. One owner task feeds it and performs
+its actions (`failover/owner.py`), the way httpcore's pool and h11 separate deciding from
+doing.
+
+Sends come first in every action list: when a reply arrives with work queued, the worker's
+next batch is cut in the same step, so it goes out before the answers are delivered and the
+GPU never idles while the front door writes sockets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from batcher import (
+    Admission,
+    Batcher,
+    BatcherStatistics,
+    Capacity,
+    DeadlineExceeded,
+    FlushReason,
+    Item,
+    Tier,
+)
+from failover.errors import ContractViolation, ModelError, NoHealthyWorker
+from failover.table import InFlightTable, TableStatistics
+from gpu_pool import Err, Ok, Run, WorkerId
+
+Result = tuple[Item, str | BaseException]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Run `run` on `worker`. `reason` is None for a group bisected out of a failed batch;
+    `idle_gap` is how long the worker had been free, when it was cut in the same step as
+    the reply that freed it (the gap the core's own overhead costs a GPU)."""
+
+    worker: WorkerId
+    run: Run
+    reason: FlushReason | None
+    idle_gap: float | None = None
+
+
+@dataclass(slots=True)
+class CoreActions:
+    """What the owner must do, in this order: send, kill, settle."""
+
+    send: list[Send] = field(default_factory=list)
+    kill: list[WorkerId] = field(default_factory=list)
+    settle: list[Result] = field(default_factory=list)
+    batch_seconds: list[float] = field(default_factory=list)  # model time of answered batches
+
+    def extend(self, other: CoreActions) -> None:
+        self.send += other.send
+        self.kill += other.kill
+        self.settle += other.settle
+        self.batch_seconds += other.batch_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStatistics:
+    batcher: BatcherStatistics
+    table: TableStatistics
+    hangs: int
+    busy_seconds: float  # summed over workers: time each held a batch
+    batch_latency: float  # admission's measured estimate
+
+
+class DispatchCore:
+    def __init__(
+        self, batcher: Batcher, table: InFlightTable, admission: Admission, *,
+        hang_timeout: float,
+    ) -> None:
+        self._batcher = batcher
+        self._table = table
+        self._admission = admission
+        self._hang_timeout = hang_timeout
+        self._max_batch = batcher.policy.max_batch
+        self._sent_at: dict[WorkerId, float] = {}
+        self._busy_seconds = 0.0
+        self._hangs = 0
+
+    # -- the front door's events -----------------------------------------------------------
+    def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
+        """Queue a request's items or refuse them all (raises Closed, Overloaded, QueueFull).
+
+        Returns True when the arrival can change a decision now (a worker is idle and the
+        queue was empty, is full, or has workers to spare): the owner must take a turn."""
+        was_empty = len(self._batcher) == 0
+        self._batcher.admit(items, deadline_in, now, self._table.ready_count())
+        idle = self._table.idle_count()
+        return idle > 0 and (
+            was_empty or len(self._batcher) >= self._max_batch
+            or (self._batcher.policy.idle_trigger and idle > 1)
+        )
+
+    def cancel(self, item: Item) -> None:
+        """The waiter gave up: never run this item (O(1))."""
+        self._batcher.cancel(item)
+
+    def drain(self) -> None:
+        """Stop admitting; everything queued is cut at once from the next step on."""
+        self._batcher.drain()
+
+    # -- the pool's events -----------------------------------------------------------------
+    def worker_ready(self, worker: WorkerId, now: float) -> CoreActions:
+        self._table.worker_up(worker)
+        return self._pump(now, CoreActions())
+
+    def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
+        """A worker answered (`at`: when the answer arrived). Fenced: a reply for a batch
+        that is no longer in flight on this worker changes nothing."""
+        out = CoreActions()
+        if isinstance(reply, Ok):
+            actions = self._table.on_ok(worker, reply.batch_id, reply.outputs)
+            if actions.deliver and not actions.discarded:
+                self._admission.observe_batch(reply.seconds)
+                out.batch_seconds.append(reply.seconds)
+        else:
+            error_cls = ContractViolation if reply.kind == "contract" else ModelError
+            error = error_cls(reply.error_type, reply.message)
+            actions = self._table.on_error(worker, reply.batch_id, error)
+        if not actions.discarded:
+            self._stop_clock(worker, now)
+        self._pump(now, out, freed=(worker, at))  # the next batch first,
+        out.settle += actions.deliver  # then the answers
+        return out
+
+    def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
+        self._stop_clock(worker, now)
+        actions = self._table.on_worker_died(worker)
+        if actions.retry:
+            self._batcher.push_retry(actions.retry, now)
+        out = CoreActions(settle=list(actions.deliver))
+        return self._pump(now, out)
+
+    # -- time ------------------------------------------------------------------------------
+    def poll(self, now: float) -> CoreActions:
+        """Time passed: kill the workers of hung batches, cut what is due."""
+        out = CoreActions()
+        for worker in self._table.hung(now):
+            self._hangs += 1
+            out.kill.append(worker)
+        return self._pump(now, out)
+
+    def next_deadline(self) -> float:
+        """The earliest time at which `poll` would do something (inf: only an event will)."""
+        hang = self._table.next_hang_deadline()
+        if self._table.idle_count() <= 0:
+            return hang
+        due = -math.inf if self._batcher.draining and len(self._batcher) else self._batcher.due()
+        return min(hang, due)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def finished(self) -> bool:
+        """Draining, nothing queued, nothing in flight: safe to stop the workers."""
+        return self._batcher.draining and len(self._batcher) == 0 and self._table.quiet()
+
+    def abandon(self) -> CoreActions:
+        """Shutdown: answer everything that will never run now."""
+        error = NoHealthyWorker("the server shut down before the item ran")
+        left = self._batcher.queues.drain() + self._table.abandon()
+        return CoreActions(settle=[(item, error) for item in left if not item.cancelled])
+
+    # -- reading ---------------------------------------------------------------------------
+    def ready_count(self) -> int:
+        return self._table.ready_count()
+
+    def expected_wait(self, tier: Tier, now: float) -> float:
+        """Admission's estimate for a new item of `tier` (seconds; inf with no worker)."""
+        return self._batcher.expected_wait(tier, now, self._table.ready_count())
+
+    @property
+    def draining(self) -> bool:
+        return self._batcher.draining
+
+    def statistics(self, now: float) -> CoreStatistics:
+        return CoreStatistics(
+            batcher=self._batcher.statistics(now),
+            table=self._table.statistics(),
+            hangs=self._hangs,
+            busy_seconds=self._busy_seconds + sum(now - t for t in self._sent_at.values()),
+            batch_latency=self._admission.batch_latency,
+        )
+
+    # -- internals -------------------------------------------------------------------------
+    def _pump(
+        self, now: float, out: CoreActions, freed: tuple[WorkerId, float] | None = None
+    ) -> CoreActions:
+        """Give idle workers to bisected groups first, then cut batches while due."""
+        while (group := self._table.next_group(now, self._hang_timeout)) is not None:
+            self._sent_at[group.worker] = now
+            out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None))
+        needed = -1.0
+        while self._table.idle_count() > 0:
+            if needed < 0:
+                needed = self._batcher.arrival_rate(now) * self._admission.batch_latency \
+                    / self._max_batch
+            capacity = Capacity(
+                self._table.idle_count(), self._table.ready_count(), needed
+            )
+            cut = self._batcher.cut(now, capacity)
+            if cut is None:
+                break
+            for item in cut.expired:
+                out.settle.append(
+                    (item, DeadlineExceeded("the request's deadline passed while queued"))
+                )
+            if not cut.items:
+                continue
+            for item in cut.items:
+                item.dispatched = now
+            d = self._table.assign(cut.items, now, self._hang_timeout)
+            self._sent_at[d.worker] = now
+            gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
+            out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap))
+        return out
+
+    def _stop_clock(self, worker: WorkerId, now: float) -> None:
+        started = self._sent_at.pop(worker, None)
+        if started is not None:
+            self._busy_seconds += now - started
+
+
+__all__ = ["CoreActions", "CoreStatistics", "DispatchCore", "Send"]

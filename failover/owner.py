@@ -1,0 +1,174 @@
+"""The owner task: the one task that feeds the dispatch core and carries out its actions.
+
+The pool reports its events here (they are queued, never handled inside the pool's
+callback); the front door admits and cancels items through here. Each turn hands every
+queued event to the core with one reading of the clock, then performs the actions in the
+core's order: batches out to workers first, then kills, then answers to waiters. Between
+turns it sleeps until an event arrives or the core's next deadline passes. Nothing calls
+back into the core, so no decision ever runs inside another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import anyio.lowlevel
+from anyio.abc import TaskStatus
+
+from batcher import Clock, FlushReason, Item, Tier
+from failover.core import CoreActions, CoreStatistics, DispatchCore
+from gpu_pool import Err, Ok, Pool, WorkerId
+
+
+class CoreObserver(Protocol):
+    """Told of every batch sent and answered (metrics); must be cheap and never raise."""
+
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
+        ...
+
+    def batch_done(self, seconds: float) -> None: ...
+
+
+class _Unobserved:
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
+        pass
+
+    def batch_done(self, seconds: float) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    worker: WorkerId
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    worker: WorkerId
+    reply: Ok | Err
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Died:
+    worker: WorkerId
+
+
+class CoreOwner:
+    """Implements `gpu_pool.PoolEvents` for the pool it drives."""
+
+    def __init__(
+        self, core: DispatchCore, pool: Pool, clock: Clock,
+        observer: CoreObserver | None = None,
+    ) -> None:
+        self._core = core
+        self._pool = pool
+        self._clock = clock
+        self._observer: CoreObserver = observer or _Unobserved()
+        self._inbox: deque[_Ready | _Reply | _Died] = deque()
+        self._wake = anyio.Event()
+        self._finished = anyio.Event()
+
+    # -- the pool's events: queued for the next turn ---------------------------------------
+    def worker_ready(self, worker: WorkerId) -> None:
+        self._post(_Ready(worker))
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
+        self._post(_Reply(worker, reply, self._clock.now()))
+
+    def worker_died(self, worker: WorkerId) -> None:
+        self._post(_Died(worker))
+
+    def _post(self, event: _Ready | _Reply | _Died) -> None:
+        self._inbox.append(event)
+        self._wake.set()
+
+    # -- the front door --------------------------------------------------------------------
+    def admit(self, items: list[Item], deadline_in: float) -> None:
+        """Queue a request's items or refuse them all (the core's errors propagate)."""
+        if self._core.admit(items, deadline_in, self._clock.now()):
+            self._wake.set()
+
+    def cancel(self, item: Item) -> None:
+        self._core.cancel(item)
+
+    def drain(self) -> None:
+        """Stop admitting; `run` returns once everything queued and in flight is answered."""
+        self._core.drain()
+        self._wake.set()
+
+    def expected_wait(self, tier: Tier) -> float:
+        return self._core.expected_wait(tier, self._clock.now())
+
+    def ready_count(self) -> int:
+        return self._core.ready_count()
+
+    @property
+    def draining(self) -> bool:
+        return self._core.draining
+
+    def statistics(self) -> CoreStatistics:
+        return self._core.statistics(self._clock.now())
+
+    # -- the task --------------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Turn until the core has drained (or until cancelled)."""
+        task_status.started()
+        try:
+            while True:
+                self._turn()
+                if self._core.finished():
+                    return
+                if self._inbox:  # posted while performing (a send found its worker gone)
+                    continue
+                self._wake = anyio.Event()
+                deadline = self._core.next_deadline()
+                if deadline == math.inf:
+                    await self._wake.wait()
+                elif deadline > self._clock.now():
+                    with anyio.CancelScope(deadline=deadline):
+                        await self._wake.wait()
+                else:  # due already: turn again, but never starve the loop doing so
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            self._finished.set()
+
+    async def wait_finished(self) -> None:
+        await self._finished.wait()
+
+    def abandon(self) -> None:
+        """Shutdown: answer every item that will never run now."""
+        self._perform(self._core.abandon())
+
+    def _turn(self) -> None:
+        now = self._clock.now()
+        core, actions = self._core, CoreActions()
+        while self._inbox:
+            event = self._inbox.popleft()
+            if isinstance(event, _Reply):
+                actions.extend(core.reply(event.worker, event.reply, now, event.at))
+            elif isinstance(event, _Died):
+                actions.extend(core.worker_died(event.worker, now))
+            else:
+                actions.extend(core.worker_ready(event.worker, now))
+        actions.extend(core.poll(now))
+        self._perform(actions)
+
+    def _perform(self, actions: CoreActions) -> None:
+        observer = self._observer
+        for send in actions.send:
+            self._pool.send(send.worker, send.run)
+            observer.batch_sent(len(send.run.inputs), send.reason, send.idle_gap)
+        for worker in actions.kill:
+            self._pool.kill(worker)
+        for seconds in actions.batch_seconds:
+            observer.batch_done(seconds)
+        for item, result in actions.settle:
+            item.settle(result)
+
+
+__all__ = ["CoreObserver", "CoreOwner"]

@@ -1,0 +1,72 @@
+"""The seam between the dispatch core's owner and a pool of workers, wherever they run.
+
+A pool starts its workers, runs what it is told (`send`, `kill`) and reports what happens
+to them (`PoolEvents`: ready, reply, died). It decides nothing about batches or items: the
+core does. The process pool (`gpu_pool/pool.py`) is the first implementation; a pool of
+actors on other hosts is another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from anyio.abc import TaskStatus
+
+from gpu_pool.protocol import Err, Ok, Run, WorkerId
+
+
+class PoolEvents(Protocol):
+    """Where a pool reports; called from the event loop, must not block or call back."""
+
+    def worker_ready(self, worker: WorkerId) -> None: ...
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None: ...
+
+    def worker_died(self, worker: WorkerId) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One worker as `/admin/workers` shows it."""
+
+    id: int
+    slot: int
+    pid: int | None
+    state: str
+    device: str
+    batches: int
+    restarts: int
+    node: str = "local"
+
+
+class Pool(Protocol):
+    """What the core's owner needs of a pool of workers."""
+
+    async def run(
+        self, events: PoolEvents, *, task_status: TaskStatus[None]
+    ) -> None:
+        """Start every worker, report their events to `events`, restart the dead, until
+        cancelled; stop every worker on the way out."""
+
+    async def wait_ready(self, count: int, within: float) -> int:
+        """Wait until `count` workers are ready (or `within` seconds); return how many are."""
+
+    def send(self, worker: WorkerId, run: Run) -> None:
+        """Hand a batch to an idle worker. If the worker is gone, its death is (or already
+        was) reported through `worker_died`; nothing is raised."""
+
+    def kill(self, worker: WorkerId) -> None:
+        """End a worker (its batch hangs); its death is reported as any other."""
+
+    def ready_count(self) -> int: ...
+
+    def workers(self) -> list[WorkerInfo]: ...
+
+    def state_counts(self) -> dict[str, int]: ...
+
+    @property
+    def crashes(self) -> int: ...
+
+
+__all__ = ["Pool", "PoolEvents", "WorkerInfo"]
