@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
 from starlette.applications import Starlette
@@ -15,10 +15,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from api.access_log import with_access_log
 from api.auth import KeyRing, load_keys
+from api.door import Door
 from api.errors import error_response
 from api.fastpath import with_fast_path
 from api.metrics import Metrics
+from api.openapi import openapi_routes
 from api.routes import Routes
 from api.service import Service
 from api.settings import Settings
@@ -31,7 +34,7 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
     service = Service(settings, metrics, keys.tiers, gpus=gpus)
-    routes = Routes(service, keys, metrics)
+    routes = Routes(Door(service, metrics), settings, keys, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -48,6 +51,15 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
             unwatch()
         log.info("stopped")
 
+    app = http_app(routes, lifespan)
+    return with_access_log(app, keys) if settings.access_log == "json" else app
+
+
+Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
+
+
+def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
+    """The HTTP surface over `routes`, the same in a single process and in a gateway."""
     app = Starlette(
         routes=[
             Route("/v1/batchstring", routes.batchstring, methods=["POST"]),
@@ -55,6 +67,7 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
             Route("/readyz", routes.readyz, methods=["GET"]),
             Route("/metrics", routes.metrics_text, methods=["GET"]),
             Route("/admin/workers", routes.admin_workers, methods=["GET"]),
+            *openapi_routes(routes.limits),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
         lifespan=lifespan,
@@ -91,4 +104,4 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal", "internal error")
 
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "http_app", "settle_heap"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import orjson
 from starlette.requests import ClientDisconnect
@@ -22,6 +23,45 @@ from failover import IdempotencyMismatch, ModelError, NoHealthyWorker, WorkerCra
 log = logging.getLogger("batchgate.api")
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorCode:
+    status: int
+    when: str
+
+
+ERRORS: dict[str, ErrorCode] = {
+    "malformed_json": ErrorCode(400, "the body is not JSON"),
+    "invalid_request": ErrorCode(400, "wrong types, or both or neither of input/inputs"),
+    "invalid_timeout": ErrorCode(400, "X-Request-Timeout-Ms is not a number of at least 1 ms"),
+    "invalid_idempotency_key": ErrorCode(400, "Idempotency-Key is empty or too long"),
+    "unauthorized": ErrorCode(401, "unknown key, or no key where anonymous use is off"),
+    "not_found": ErrorCode(404, "no such path"),
+    "method_not_allowed": ErrorCode(405, "the path does not take this method"),
+    "body_too_large": ErrorCode(413, "the body is over --max-body-bytes"),
+    "input_too_large": ErrorCode(413, "a string is over --max-input-chars"),
+    "empty_inputs": ErrorCode(422, "inputs is empty"),
+    "too_many_inputs": ErrorCode(422, "inputs holds more than --max-inputs strings"),
+    "unknown_model": ErrorCode(422, "model names another model than the one served"),
+    "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
+    "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
+    "client_closed": ErrorCode(499, "the client left; its items were withdrawn unrun"),
+    "model_error": ErrorCode(500, "the model raised on this input (isolated by bisection)"),
+    "contract_violation": ErrorCode(500, "the model broke the contract"),
+    "internal": ErrorCode(500, "a bug: nothing more is said"),
+    "over_budget": ErrorCode(503, "admission: the expected wait exceeds the tier's budget"),
+    "overloaded": ErrorCode(503, "admission refused the request"),
+    "deadline_unreachable": ErrorCode(503, "admission: the deadline cannot be met"),
+    "queue_full": ErrorCode(503, "the tier's queue is at its capacity"),
+    "no_healthy_worker": ErrorCode(503, "no worker is ready"),
+    "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),
+    "shutting_down": ErrorCode(503, "the server is draining"),
+    "retry": ErrorCode(503, "the first request with this Idempotency-Key did not finish"),
+    "deadline_exceeded": ErrorCode(504, "the deadline passed while queued (the item never ran)"),
+}
+"""Every error code a client can receive, with its status: the OpenAPI document and the
+client's exceptions are built from it, and a test holds the code that raises to it."""
+
+
 class ApiError(Exception):
     """A request the API itself refuses (malformed, too large, invalid)."""
 
@@ -33,11 +73,15 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def error_body(code: str, message: str) -> bytes:
+    return orjson.dumps({"error": {"code": code, "message": message}})
+
+
 def error_response(
     status: int, code: str, message: str, headers: Mapping[str, str] | None = None
 ) -> Response:
-    body = orjson.dumps({"error": {"code": code, "message": message}})
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
+    return Response(error_body(code, message), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 def retry_after(seconds: float) -> dict[str, str]:
@@ -73,4 +117,5 @@ def to_api_error(exc: BaseException) -> ApiError:
     return ApiError(500, "internal", "internal error")
 
 
-__all__ = ["ApiError", "error_response", "retry_after", "to_api_error"]
+__all__ = ["ERRORS", "ApiError", "ErrorCode", "error_body", "error_response", "retry_after",
+           "to_api_error"]

@@ -26,20 +26,28 @@ class HttpCall(Protocol):
     @property
     def receive(self) -> Receive: ...
 
+    @property
+    def scope(self) -> Scope: ...
+
     def stream(self) -> AsyncIterator[bytes]: ...
 
 
 class RawCall:
-    __slots__ = ("_receive", "headers")
+    __slots__ = ("_receive", "_scope", "headers")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         # ASGI header names arrive lower-cased; a repeated header keeps its last value.
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         self._receive = receive
+        self._scope = scope
 
     @property
     def receive(self) -> Receive:
         return self._receive
+
+    @property
+    def scope(self) -> Scope:
+        return self._scope
 
     async def stream(self) -> AsyncIterator[bytes]:
         while True:

@@ -18,6 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from batcher import FlushReason
@@ -122,9 +123,15 @@ class _StatsCollector(Collector):
 class Metrics:
     """The service's metrics; also the core owner's observer of every batch."""
 
-    def __init__(self) -> None:
+    def __init__(self, multiprocess: bool = False) -> None:
+        """`multiprocess`: this process renders the metrics of a whole cell (its own, its
+        gateways' and its gauges) from prometheus-client's multiprocess folder."""
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created doubles scrapes
         self.registry = CollectorRegistry(auto_describe=True)
+        self._view = self.registry
+        if multiprocess:
+            self._view = CollectorRegistry()
+            MultiProcessCollector(self._view)  # type: ignore[no-untyped-call]
         r = self.registry
         self.requests = Counter(
             "batchgate_requests", "Requests answered", ["tier", "code"], registry=r
@@ -183,7 +190,7 @@ class Metrics:
         wait.observe(seconds)
 
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
-        self.registry.register(_StatsCollector(snapshot))
+        self._view.register(_StatsCollector(snapshot))
 
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
         self.batch_size.observe(size)
@@ -209,7 +216,7 @@ class Metrics:
         return lambda: gc.callbacks.remove(on_gc)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view)
 
 
 __all__ = ["Metrics", "Snapshot"]

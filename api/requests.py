@@ -70,6 +70,9 @@ def _check_length(text: str, limits: Limits) -> None:
         )
 
 
+MIN_TIMEOUT_MS = 1
+
+
 def parse_timeout(header: str | None, default: float, maximum: float) -> float:
     """Seconds from X-Request-Timeout-Ms, defaulted and capped; 400 if unreadable."""
     if header is None:
@@ -78,8 +81,9 @@ def parse_timeout(header: str | None, default: float, maximum: float) -> float:
         ms = float(header)
     except ValueError:
         raise ApiError(400, "invalid_timeout", "X-Request-Timeout-Ms must be a number") from None
-    if not ms > 0:
-        raise ApiError(400, "invalid_timeout", "X-Request-Timeout-Ms must be positive")
+    if not ms >= MIN_TIMEOUT_MS:  # also NaN; a deadline of 5e-324 ms could only time out
+        raise ApiError(400, "invalid_timeout",
+                       f"X-Request-Timeout-Ms must be at least {MIN_TIMEOUT_MS}")
     return min(ms / 1000, maximum)
 
 
@@ -132,19 +136,30 @@ class PendingRequest:
             self.client_left = True
             self.done.set_result(None)
 
-    async def wait(self, seconds: float, receive: Receive) -> None:
-        """Wait for the answer, the deadline, or the client leaving, whichever comes first."""
+    def leave(self) -> None:
+        """The client went away (told by a gateway over the link)."""
+        if not self.done.done():
+            self.client_left = True
+            self.done.set_result(None)
+
+    async def wait(self, seconds: float, receive: Receive | None) -> None:
+        """Wait for the answer, the deadline, or the client leaving, whichever comes first.
+        Without `receive` only `leave()` says the client left."""
         loop = asyncio.get_running_loop()
         timer = loop.call_later(seconds, self.expire, context=_QUIET)
-        watch: asyncio.Task[Message] = loop.create_task(
-            receive(), context=_QUIET  # type: ignore[arg-type]  # receive is a coroutine fn
-        )
-        watch.add_done_callback(self.left, context=_QUIET)
+        watch: asyncio.Task[Message] | None = None
+        if receive is not None:
+            watch = loop.create_task(
+                receive(), context=_QUIET  # type: ignore[arg-type]  # receive is a coroutine fn
+            )
+            watch.add_done_callback(self.left, context=_QUIET)
         try:
             await self.done
         finally:
             timer.cancel()
-            watch.cancel()
+            if watch is not None:
+                watch.cancel()
 
 
-__all__ = ["Limits", "ParsedRequest", "PendingRequest", "parse_body", "parse_timeout"]
+__all__ = ["MIN_TIMEOUT_MS", "Limits", "ParsedRequest", "PendingRequest", "parse_body",
+           "parse_timeout"]

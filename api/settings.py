@@ -1,47 +1,111 @@
 """Every knob of the service in one frozen record, validated with a readable message.
 
-Built once, at the edge (`api/cli.py` reads flags and `BATCHGATE_*` variables); packages
+The record is also the one definition of `batchgate serve`'s flags: each field's metadata
+holds its help text (and, where the type alone is not enough, its parser and how to show
+its default), and `api/config.py` derives the flags, the `BATCHGATE_*` variables and the
+README's table from it, so the three can no longer drift. Built once, at the edge; packages
 below `api/` receive the parts they need and never read the environment.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from batcher import MAX_BATCH
 from gpu_pool import validate_spec
 
+ACCESS_LOG_FORMATS = ("off", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_gateways(text: str) -> int:
+    """A count, or `auto`: one gateway per core beyond the one the core process keeps."""
+    if text.strip().lower() == "auto":
+        return max(1, (os.cpu_count() or 1) - 1)
+    return int(text)
+
+
+def doc(
+    help: str, *, parse: Callable[[str], Any] | None = None, shown: str | None = None,
+    secret: bool = False,
+) -> dict[str, Any]:
+    """A field's metadata, what its flag needs: `help`, a `parse`r when the annotation's
+    type is not enough, `shown` for a default that is computed, `secret` to mask it."""
+    return {"help": help, "parse": parse, "shown": shown, "secret": secret}
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "minilm"
-    workers: int = 1
-    max_batch: int = MAX_BATCH
-    max_wait_ms: float = 50.0
-    idle_trigger: bool = True
-    keys: Path | None = None
-    admin_key: str | None = None
-    batch_latency_ms: float | None = None  # None: 100 for sim, 0 otherwise
-    max_attempts: int = 3
-    hang_timeout_ms: float | None = None  # None: max(10 x latency floor, 5 s)
-    restart: bool = True
-    ready_timeout_s: float = 300.0
-    queue_capacity: int = 20_000  # items per tier: the hard memory bound
-    max_request_timeout_ms: float = 60_000.0  # cap on X-Request-Timeout-Ms
-    max_body_bytes: int = 1_048_576
-    max_input_chars: int = 10_000
-    max_inputs: int = MAX_BATCH
-    idempotency_ttl_s: float = 86_400.0
-    idempotency_max_entries: int = 100_000
-    log_level: str = "info"
+    host: str = field(default="127.0.0.1", metadata=doc("address to bind"))
+    port: int = field(default=8000, metadata=doc("port to bind"))
+    model: str = field(default="minilm", metadata=doc(
+        "minilm (the real model), sim (100 ms a batch, no CPU, reverses each input), "
+        "or module:function naming any batchstring"))
+    workers: int = field(default=1, metadata=doc(
+        "worker processes, one per GPU (pinned with CUDA_VISIBLE_DEVICES; on the CPU the "
+        "cores are split among them)"))
+    gateways: int = field(default=1, metadata=doc(
+        "HTTP gateway processes in front of one core, or auto (1: a single process)",
+        parse=parse_gateways))
+    gpus: int | None = field(default=None, metadata=doc(
+        "CUDA devices to use; 0 runs on the CPU", shown="all torch sees"))
+    max_batch: int = field(default=MAX_BATCH, metadata=doc(
+        "items per batch (never above the contract's 100)"))
+    max_wait_ms: float = field(default=50.0, metadata=doc(
+        "the longest an item waits for a fuller batch while a worker is free"))
+    idle_trigger: bool = field(default=True, metadata=doc(
+        "flush at once while more than one worker is idle"))
+    keys: Path | None = field(default=None, metadata=doc(
+        "TOML keys file: keys -> tier and account, admin keys, per-tier limits",
+        shown="none"))
+    admin_key: str | None = field(default=None, metadata=doc(
+        "one more key allowed on /admin/*", shown="none", secret=True))
+    batch_latency_ms: float | None = field(default=None, metadata=doc(
+        "pad every batch to at least this long (emulates the GPU's fixed latency)",
+        shown="100 for sim, else 0"))
+    max_attempts: int = field(default=3, metadata=doc(
+        "runs of an item whose worker keeps dying, then 503 worker_crashed"))
+    hang_timeout_ms: float | None = field(default=None, metadata=doc(
+        "a batch running longer gets its worker killed and is re-routed",
+        shown="max(10 x batch latency floor, 5 s)"))
+    restart: bool = field(default=True, metadata=doc(
+        "restart dead workers (exponential backoff from 0.5 s to 30 s)"))
+    ready_timeout_s: float = field(default=300.0, metadata=doc(
+        "how long a worker may take to load its model"))
+    queue_capacity: int = field(default=20_000, metadata=doc(
+        "hard cap on queued items per tier: the memory bound"))
+    max_request_timeout_ms: float = field(default=60_000.0, metadata=doc(
+        "cap on X-Request-Timeout-Ms"))
+    max_body_bytes: int = field(default=1_048_576, metadata=doc("request body limit in bytes"))
+    max_input_chars: int = field(default=10_000, metadata=doc("characters per input string"))
+    max_inputs: int = field(default=MAX_BATCH, metadata=doc("strings per request in `inputs`"))
+    idempotency_ttl_s: float = field(default=86_400.0, metadata=doc(
+        "how long idempotent answers are kept"))
+    idempotency_max_entries: int = field(default=100_000, metadata=doc(
+        "how many idempotent answers are kept"))
+    access_log: str = field(default="off", metadata=doc(
+        "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
+    log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
 
     def __post_init__(self) -> None:
         validate_spec(self.model)
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
         _check(self.workers >= 1, f"workers must be at least 1, got {self.workers}")
+        _check(self.gpus is None or self.gpus >= 0, f"gpus must be >= 0, got {self.gpus}")
+        _check(1 <= self.gateways <= 64, f"gateways must be within 1..64, got {self.gateways}")
         _check(
             1 <= self.max_batch <= MAX_BATCH,
             f"max-batch must be within 1..{MAX_BATCH} (the contract's limit), "
@@ -64,6 +128,10 @@ class Settings:
         _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")
         _check(self.idempotency_ttl_s > 0, "idempotency-ttl-s must be > 0")
         _check(self.idempotency_max_entries >= 1, "idempotency-max-entries must be >= 1")
+        _check(self.access_log in ACCESS_LOG_FORMATS,
+               f"access-log must be off or json, got {self.access_log!r}")
+        _check(self.log_level in LOG_LEVELS,
+               f"log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         _check(self.keys is None or self.keys.is_file(), f"keys file {self.keys} not found")
 
     @property
@@ -85,4 +153,4 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "doc", "parse_bool", "parse_gateways"]

@@ -75,6 +75,7 @@ class Item:
     enqueued: float = field(default=0.0)
     lane: int = -1  # the Lane it is queued in, -1 when not queued
     dispatched: float = 0.0  # when it last left the queue for a worker
+    batch: int = -1  # the batch it was last cut into (for the access log)
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

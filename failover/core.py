@@ -214,9 +214,9 @@ class DispatchCore:
                 )
             if not cut.items:
                 continue
-            for item in cut.items:
-                item.dispatched = now
             d = self._table.assign(cut.items, now, self._hang_timeout)
+            for item in cut.items:
+                item.dispatched, item.batch = now, d.batch_id
             self._sent_at[d.worker] = now
             gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
             out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap))

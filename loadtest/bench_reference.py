@@ -159,8 +159,9 @@ def measure_plain(a: argparse.Namespace, scenario: str, rps: float, workers: int
 def measure_batchgate(a: argparse.Namespace, scenario: str, rps: float, workers: int,
                       run: int) -> Row:
     args = ["--keys", str(a.keys), "--batch-latency-ms", "0", *a.server_arg]
-    env = {"PYTHONPATH": os.pathsep.join([str(a.bench_dir), str(ROOT)])}
-    with running_server(workers, "batchfn:batchstring_blocking", args, env=env) as srv:
+    env = {"PYTHONPATH": os.pathsep.join([str(a.bench_dir), str(a.root)])}
+    with running_server(workers, "batchfn:batchstring_blocking", args, env=env,
+                        cwd=a.root) as srv:
         url = srv.url + "/v1/batchstring"
         generate(a.ref_python, a.bench_dir, url, rps, a.warmup_s, 0.5, a.seed + 1)  # warm
         before = fetch_metrics(srv.url)
@@ -199,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     p.add_argument("--ref-python", default=str(Path.home() / ".cache/refbench/bin/python"))
     p.add_argument("--keys", type=Path, default=KEYS)
+    p.add_argument("--root", type=Path, default=ROOT,
+                   help="the batchgate checkout to serve (e.g. a worktree of an older commit)")
     p.add_argument("--server-arg", action="append", default=[],
                    help="one more flag for batchgate serve (repeatable)")
     p.add_argument("--only", choices=["plain", "batchgate"], help="run one server only")

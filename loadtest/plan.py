@@ -1,227 +1,24 @@
-"""Capacity planner: how many GPUs a load needs, checked against the real dispatch core.
-
-`ceil(items/s / (max_batch / batch_latency))` is the floor. Poisson bursts need more, so each
-count runs through the project's own dispatch core (`failover.simulation`: exact event time,
-idle trigger on) against contract workers that take exactly the batch latency; the smallest
-whose P95 (per request, arrival to last output) meets the target wins. A saturated count
-never does: its queue grows without bound, whatever a window shows. A count simulates at
-most `MAX_REQUESTS` arrivals, to bound the planner's CPU.
-"""
+"""`python -m loadtest.plan`: kept for old scripts; the planner lives in `api/plan.py`."""
 
 from __future__ import annotations
 
-import argparse
-import math
-import random
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import NoReturn
 
-import batcher as b
-from failover.simulation import simulate as run_simulation
+from api.plan import (
+    PlanResult,
+    Simulation,
+    add_arguments,
+    floor_gpus,
+    format_plan,
+    main,
+    plan,
+    poisson,
+    run_args,
+    simulate,
+)
 
-TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0000001 ms
-WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
-MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window shrinks
-
-
-@dataclass(frozen=True, slots=True)
-class Simulation:
-    """One candidate worker count; seconds."""
-
-    workers: int
-    utilisation: float
-    p50: float = math.inf
-    p95: float = math.inf
-    mean_fill: float = 0.0
-
-    @property
-    def saturated(self) -> bool:
-        return self.utilisation >= 1.0
-
-    def meets(self, target: float) -> bool:
-        return not self.saturated and self.p95 <= target + TOLERANCE_S
-
-
-@dataclass(frozen=True, slots=True)
-class PlanResult:
-    rps: float
-    inputs: int  # per request
-    max_batch: int
-    batch_latency_s: float
-    target_s: float
-    floor: int
-    spares: int
-    chosen: Simulation | None  # None: unreachable, and `unreachable` says why
-    tried: tuple[Simulation, ...]
-    duration_s: float  # virtual seconds simulated per count
-    cost_per_million: float | None
-    unreachable: str | None = None
-
-    @property
-    def gpus(self) -> int | None:
-        return None if self.chosen is None else self.chosen.workers + self.spares
-
-
-def floor_gpus(rps: float, max_batch: int, batch_latency_ms: float, inputs: int = 1) -> int:
-    """`ceil(items/s / (max_batch / batch_latency))`; rounded first so 10.0000001 stays 10."""
-    return max(1, math.ceil(round(rps * inputs * batch_latency_ms / (max_batch * 1000), 9)))
-
-
-def poisson(rps: float, duration: float, seed: int) -> list[float]:
-    """Arrival times in [0, duration) of a Poisson process of rate `rps`."""
-    rng, t, out = random.Random(seed), 0.0, []
-    while (t := t + rng.expovariate(rps)) < duration:
-        out.append(t)
-    return out
-
-
-def simulate(arrivals: list[float], workers: int, policy: b.FlushPolicy, latency: float,
-             inputs: int, duration: float) -> Simulation:
-    """Run the real dispatch core over `arrivals` (non-empty) in exact event time."""
-    result = run_simulation(arrivals, workers, policy, latency, inputs,
-                            warmup=min(WARMUP_S, duration / 5))
-    util = len(arrivals) * inputs / duration * latency / (workers * policy.max_batch)
-    return Simulation(workers, util, result.percentile(0.5), result.percentile(0.95),
-                      result.mean_fill)
-
-
-def plan(
-    rps: float, p95_ms: float = 500.0, max_batch: int = b.MAX_BATCH,
-    batch_latency_ms: float = 100.0, inputs_per_request: int = 1, spare_gpus: int = 0,
-    gpu_hour_cost: float | None = None, duration_s: float = 20.0, seed: int = 1,
-) -> PlanResult:
-    """Smallest worker count, searched upward from the floor, whose simulated P95 meets
-    `p95_ms`; then `spare_gpus` on top. ValueError on a bad argument."""
-    _validate(rps, p95_ms, max_batch, batch_latency_ms, inputs_per_request, spare_gpus,
-              gpu_hour_cost, duration_s)
-    floor = floor_gpus(rps, max_batch, batch_latency_ms, inputs_per_request)
-    target, latency, items = p95_ms / 1000, batch_latency_ms / 1000, rps * inputs_per_request
-    window = min(max(duration_s, 200 / rps), MAX_REQUESTS / rps)  # 200 to 50,000 arrivals
-    policy = b.FlushPolicy(max_batch=max_batch, idle_trigger=True)  # max_wait: 50 ms default
-    tried: dict[int, Simulation] = {}
-    arrivals: list[float] = []
-
-    def trial(n: int) -> Simulation:
-        if n not in tried:
-            util = items * latency / (n * max_batch)
-            arrivals[:] = arrivals or poisson(rps, window, seed)
-            tried[n] = (Simulation(n, util) if util >= 1.0 or not arrivals  # don't simulate
-                        else simulate(arrivals, n, policy, latency, inputs_per_request, window))
-        return tried[n]
-
-    chosen, why = None, None
-    if target + TOLERANCE_S < latency:
-        why = f"every request waits at least one batch latency ({batch_latency_ms:g} ms)"
-    elif (chosen := _search(trial, floor, target)) is None:
-        why = f"no count up to {max(tried)} GPUs meets it"
-    cost = None
-    if chosen is not None and gpu_hour_cost is not None:
-        cost = (chosen.workers + spare_gpus) * gpu_hour_cost / (items * 3600) * 1e6
-    return PlanResult(rps, inputs_per_request, max_batch, latency, target, floor, spare_gpus,
-                      chosen, tuple(tried[n] for n in sorted(tried)), window, cost, why)
-
-
-def _search(trial: Callable[[int], Simulation], floor: int, target: float) -> Simulation | None:
-    """Step up from the floor by 1, 2, 4, ... until a count meets the target, then bisect
-    back to the smallest that does (P95 falls as workers are added)."""
-    low, n, step, limit = floor - 1, floor, 1, 4 * floor + 64  # `low` misses the target
-    while not trial(n).meets(target):
-        if n >= limit:
-            return None
-        low, n, step = n, min(limit, n + step), step * 2
-    while n - low > 1:
-        mid = (low + n) // 2
-        low, n = (low, mid) if trial(mid).meets(target) else (mid, n)
-    return trial(n)
-
-
-def _validate(rps: float, p95_ms: float, max_batch: int, batch_latency_ms: float,
-              inputs: int, spares: int, cost: float | None, duration_s: float) -> None:
-    for ok, message in [
-        (0 < rps < math.inf, f"rps must be > 0, got {rps}"),
-        (0 < p95_ms < math.inf, f"p95-ms must be > 0, got {p95_ms}"),
-        (1 <= max_batch <= b.MAX_BATCH, f"max-batch must be within 1..100, got {max_batch}"),
-        (0 < batch_latency_ms < math.inf, f"batch-latency-ms must be > 0, got {batch_latency_ms}"),
-        (1 <= inputs <= b.MAX_BATCH, f"inputs-per-request must be within 1..100, got {inputs}"),
-        (spares >= 0, f"spare-gpus must be >= 0, got {spares}"),
-        (cost is None or 0 <= cost < math.inf, f"gpu-hour-cost must be >= 0, got {cost}"),
-        (0 < duration_s <= 3600, f"duration-s must be within (0, 3600], got {duration_s}"),
-    ]:
-        if not ok:
-            raise ValueError(message)
-
-
-def format_plan(r: PlanResult) -> str:
-    """`key: value` lines (bare numbers) to parse, `#` lines giving the reasoning."""
-    per_gpu = r.max_batch / r.batch_latency_s
-    lines = [
-        f"# {r.rps:g} requests/s x {r.inputs} input(s), P95 target {r.target_s * 1e3:g} ms, "
-        f"{r.max_batch} items a batch in {r.batch_latency_s * 1e3:g} ms ({per_gpu:g}/s per GPU)",
-        f"# floor = ceil({r.rps * r.inputs:g} / {per_gpu:g}); then the real batcher, Poisson "
-        f"arrivals, {r.duration_s:g} virtual seconds per count",
-        f"floor: {r.floor}",
-    ]
-    for s in r.tried:
-        head = f"# {s.workers} GPU{'s' if s.workers > 1 else ''}: "
-        lines.append(head + f"saturated (load {s.utilisation:.0%} of capacity)" if s.saturated
-                     else head + f"p50 {s.p50 * 1e3:.1f} ms, p95 {s.p95 * 1e3:.1f} ms, fill "
-                     f"{s.mean_fill:.1f}, load {s.utilisation:.0%}: "
-                     f"{'meets' if s.meets(r.target_s) else 'misses'}")
-    if (c := r.chosen) is not None:
-        lines += [f"chosen: {c.workers}", f"spare_gpus: {r.spares}", f"gpus: {r.gpus}",
-                  f"simulated_p95_ms: {c.p95 * 1e3:.1f}", f"simulated_p50_ms: {c.p50 * 1e3:.1f}",
-                  f"mean_fill: {c.mean_fill:.1f}", f"simulated_s: {r.duration_s:g}"]
-        if r.cost_per_million is not None:
-            lines.append(f"cost_per_million: {r.cost_per_million:.4f}")
-    return "\n".join(lines)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The planner's flags, for `python -m loadtest.plan` and `batchgate plan` alike."""
-    add = parser.add_argument
-    add("--rps", type=float, required=True, help="requests per second to serve")
-    add("--p95-ms", type=float, default=500.0, help="P95 target per request (default 500)")
-    add("--max-batch", type=int, default=b.MAX_BATCH, help="items per batch (default 100)")
-    add("--batch-latency-ms", type=float, default=100.0, help="time per batch (default 100)")
-    add("--inputs-per-request", type=int, default=1, help="inputs per request (default 1)")
-    add("--spare-gpus", type=int, default=0, help="GPUs added for failures (default 0)")
-    add("--gpu-hour-cost", type=float, default=None, help="price of one GPU-hour")
-    add("--duration-s", type=float, default=20.0, help="virtual seconds per count (default 20)")
-    add("--seed", type=int, default=1, help="seed of the arrival schedule (default 1)")
-
-
-def run_args(args: argparse.Namespace, prog: str = "plan") -> int:
-    """Plan from parsed flags and print: 0 planned, 1 target unreachable, 2 bad value."""
-    try:
-        r = plan(args.rps, args.p95_ms, args.max_batch, args.batch_latency_ms,
-                 args.inputs_per_request, args.spare_gpus, args.gpu_hour_cost, args.duration_s,
-                 args.seed)
-    except ValueError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    print(format_plan(r))
-    if r.unreachable is not None:
-        print(f"{prog}: error: P95 target {args.p95_ms:g} ms is unreachable: {r.unreachable}",
-              file=sys.stderr)
-    return 0 if r.unreachable is None else 1
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m loadtest.plan", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # a bad flag (the one line is printed) or --help
-        return exc.code if isinstance(exc.code, int) else 2
-    return run_args(args, parser.prog)
-
+__all__ = ["PlanResult", "Simulation", "add_arguments", "floor_gpus", "format_plan", "main",
+           "plan", "poisson", "run_args", "simulate"]
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m loadtest.plan"))

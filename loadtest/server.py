@@ -56,10 +56,10 @@ def free_port() -> int:
 
 def start_server(
     workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, cwd: Path | None = None,
 ) -> RunningServer:
     """Spawn `batchgate serve` on a free port and return once `/readyz` answers 200; `env`
-    is added to this process's environment."""
+    is added to this process's environment, `cwd` (another checkout) is where it runs."""
     port = free_port()
     fd, name = tempfile.mkstemp(prefix=f"batchgate-{port}-", suffix=".log")
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -67,7 +67,7 @@ def start_server(
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **(env or {})})
+                                env={**os.environ, **(env or {})}, cwd=cwd)
     server = RunningServer(proc, port, Path(name))
     try:
         wait_ready(server, ready_timeout_s)
@@ -115,10 +115,10 @@ def stop_server(server: RunningServer, grace_s: float = 20.0) -> list[int]:
 @contextlib.contextmanager
 def running_server(
     workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, cwd: Path | None = None,
 ) -> Iterator[RunningServer]:
     """`with running_server(2) as srv:` ... the server is stopped on every path."""
-    server = start_server(workers, model, args, ready_timeout_s, env)
+    server = start_server(workers, model, args, ready_timeout_s, env, cwd)
     try:
         yield server
     finally:
@@ -189,6 +189,11 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def metric(samples: Mapping[str, float], name: str, **labels: str) -> float:
-    """One sample by name and labels in exposition order, e.g. reason="idle"; 0.0 if absent."""
-    key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
-    return samples.get(key, 0.0)
+    """One sample by name and labels, in any order (a multiprocess scrape sorts them,
+    a single process keeps the declared order), e.g. reason="idle"; 0.0 if absent."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base == name and set(filter(None, rest.rstrip("}").split(","))) == want:
+            return value
+    return 0.0

@@ -33,6 +33,7 @@ def test_environment_variables_set_flags_and_flags_win() -> None:
 @pytest.mark.parametrize(
     "argv",
     [["--max-batch", "101"], ["--workers", "0"], ["--port", "x"], ["--model", "no good"],
+     ["--gpus", "-1"], ["--access-log", "xml"], ["--gateways", "many"],
      ["--keys", "/nonexistent.toml"], ["--idle-trigger", "maybe"]],
 )
 def test_a_bad_value_is_one_line_and_exit_2(argv: list[str]) -> None:

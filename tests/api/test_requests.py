@@ -51,6 +51,7 @@ def test_timeout_header_is_defaulted_capped_and_checked() -> None:
     assert parse_timeout(None, 10.0, 60.0) == 10.0
     assert parse_timeout("250", 10.0, 60.0) == 0.25
     assert parse_timeout("999999", 10.0, 60.0) == 60.0
-    for bad in ("soon", "-5", "0", "nan"):
+    assert parse_timeout("1", 10.0, 60.0) == 0.001
+    for bad in ("soon", "-5", "0", "nan", "5e-324", "0.999"):  # 5e-324: found by fuzzing
         with pytest.raises(ApiError):
             parse_timeout(bad, 10.0, 60.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from api.client import Client
 from loadtest.server import running_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -20,9 +21,8 @@ CASES = {
 
 def test_topical_sentences_get_their_labels_over_http() -> None:
     with running_server(workers=1, model="minilm", ready_timeout_s=240) as srv:
-        r = httpx.post(srv.url + "/v1/batchstring", json={"inputs": list(CASES)}, timeout=120)
-        assert r.status_code == 200, r.text
-        assert r.json()["outputs"] == list(CASES.values())
+        with Client(srv.url, timeout=120) as client:
+            assert client.batchstring(list(CASES)) == list(CASES.values())
         one = httpx.post(srv.url + "/v1/batchstring", json={"input": "The striker scored twice"
                                                                      " in the cup final"},
                          timeout=120)

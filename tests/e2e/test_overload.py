@@ -9,6 +9,7 @@ import anyio
 import httpx
 import pytest
 
+from api.client import AsyncClient, RetryPolicy
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import patient_keys, post_many, workers_in_state
 
@@ -42,8 +43,8 @@ async def test_expired_and_abandoned_requests_never_reach_a_worker(tmp_path: Pat
         assert expired.status_code == 504
         assert expired.json()["error"]["code"] == "deadline_exceeded"
         assert first[0].json()["output"] == "tsrif"
-        (after,) = await post_many(srv.url, [{"input": "after"}], PAID)
-        assert after.json()["output"] == "retfa"
+        async with AsyncClient(srv.url, "paid-demo-key") as client:
+            assert await client.batchstring(["after"]) == ["retfa"]
         m = fetch_metrics(srv.url)
         assert metric(m, "batchgate_batch_size_sum") == 2  # only "first" and "after" ran
 
@@ -56,5 +57,5 @@ async def test_free_traffic_is_refused_fast_when_the_queue_is_deep() -> None:
         refused = [r for r in responses if r.status_code == 503]
         assert refused and all(r.json()["error"]["code"] == "over_budget" for r in refused)
         assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
-        (paid,) = await post_many(srv.url, [{"input": "p"}], PAID)
-        assert paid.status_code == 200
+        async with AsyncClient(srv.url, "paid-demo-key", retry=RetryPolicy(1)) as client:
+            assert await client.batchstring(["p"]) == ["p"]  # admitted at the first try

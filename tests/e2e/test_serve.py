@@ -9,6 +9,7 @@ import anyio
 import httpx
 import pytest
 
+from api.client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
 from tests.e2e.helpers import post_many
 
@@ -33,9 +34,9 @@ async def test_every_client_gets_its_own_answer_and_batches_form() -> None:
 
 async def test_many_inputs_are_collated_in_order() -> None:
     with running_server(workers=2) as srv:
-        texts = [f"in-{i}" for i in range(100)]
-        (r,) = await post_many(srv.url, [{"inputs": texts}], {})
-        assert r.status_code == 200 and r.json()["outputs"] == [t[::-1] for t in texts]
+        texts = [f"in-{i}" for i in range(250)]  # three requests of the client's
+        async with AsyncClient(srv.url) as client:
+            assert await client.batchstring(texts) == [t[::-1] for t in texts]
 
 
 @pytest.mark.parametrize(

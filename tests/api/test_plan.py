@@ -3,12 +3,18 @@ and the command line's contract (one parseable `gpus:` line, exit 1 unreachable,
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from api.plan import floor_gpus, main, plan, poisson, simulate
 from batcher import FlushPolicy
-from loadtest.plan import floor_gpus, main, plan, poisson, simulate
+
+BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
 
 
 def test_floor_is_items_per_second_over_one_gpus_capacity() -> None:
@@ -82,3 +88,34 @@ def test_a_bad_value_is_one_line_and_exit_2(
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1 and "error" in err
+
+
+BLOCKER = '''
+import importlib.abc, sys
+DEV_ONLY = {"trio", "hypothesis", "locust", "pytest", "httpx", "loadtest"}
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in DEV_ONLY:
+            raise ModuleNotFoundError(f"blocked: {name}", name=name)
+        return None
+sys.meta_path.insert(0, Blocker())
+'''
+
+
+def test_batchgate_plan_runs_without_the_dev_packages_or_the_load_tests(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([BATCHGATE, "plan", "--rps", "1000"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"^gpus: \d+$", done.stdout, re.MULTILINE)
+    blocked = subprocess.run([sys.executable, "-c", "import trio"], env=env, capture_output=True)
+    assert blocked.returncode == 1  # the blocker is really in place
+
+
+def test_the_old_module_path_still_runs_the_planner() -> None:
+    import loadtest.plan
+
+    assert loadtest.plan.main is main

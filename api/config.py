@@ -1,0 +1,137 @@
+"""`batchgate serve`'s flags, derived from the `Settings` fields: one flag and one
+`BATCHGATE_<NAME>` variable per field, the help and default from the field's metadata.
+
+A flag wins over its variable; a bad value in either is one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+from api.settings import Settings, parse_bool
+
+ENV_PREFIX = "BATCHGATE_"
+MASK = "********"
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """One setting as the command line sees it."""
+
+    name: str  # the Settings field
+    parse: Callable[[str], Any]
+    help: str
+    default: object
+    shown: str  # the default as a person reads it
+    secret: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def knobs() -> Iterator[Knob]:
+    hints = typing.get_type_hints(Settings)
+    for f in fields(Settings):
+        meta = f.metadata
+        parse = meta.get("parse") or _parser_for(hints[f.name])
+        shown = meta.get("shown") or _show(f)
+        yield Knob(f.name, parse, meta["help"], f.default, shown, bool(meta.get("secret")))
+
+
+def _parser_for(kind: Any) -> Callable[[str], Any]:
+    """The parser for an annotation: `X | None` parses as X (None is the unset default)."""
+    if isinstance(kind, types.UnionType):
+        (kind,) = [k for k in typing.get_args(kind) if k is not type(None)]
+    if kind is bool:
+        return parse_bool
+    if kind in (int, float, str, Path):
+        return typing.cast(Callable[[str], Any], kind)
+    raise TypeError(f"no flag parser for {kind!r}: give the field a parse= in its knob()")
+
+
+def _show(f: Field[Any]) -> str:
+    value = f.default
+    if value is MISSING:
+        raise TypeError(f"setting {f.name} has no default")
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"{value:,}" if isinstance(value, int) and value >= 10_000 else str(value)
+
+
+class Parser(argparse.ArgumentParser):
+    """Errors as one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_settings_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """One flag per setting; a set `BATCHGATE_<NAME>` becomes the flag's default."""
+    for k in knobs():
+        parser.add_argument(k.flag, type=_typed(k), default=None, metavar=k.name.upper(),
+                            help=f"{k.help} (default {k.shown}) [env {k.env}]")
+        if k.env in env:
+            parser.set_defaults(**{k.name: _from_env(k, env[k.env], parser)})
+
+
+def _typed(k: Knob) -> Callable[[str], Any]:
+    """argparse shows a ValueError from `type` as 'invalid <name> value'; keep our message."""
+
+    def parse(text: str) -> Any:
+        try:
+            return k.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid value ({exc})") from None
+
+    parse.__name__ = k.name
+    return parse
+
+
+def _from_env(k: Knob, value: str, parser: argparse.ArgumentParser) -> Any:
+    try:
+        return k.parse(value)
+    except ValueError:
+        parser.error(f"{k.env}={value!r} is not a valid value")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    names = {f.name for f in fields(Settings)}
+    given = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return Settings(**given)
+
+
+def describe(settings: Settings, argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The effective configuration, one `name = value  # source` line each, secrets masked."""
+    lines = []
+    for k in knobs():
+        value = getattr(settings, k.name)
+        if k.secret and value is not None:
+            value = MASK
+        flagged = any(a == k.flag or a.startswith(k.flag + "=") for a in argv)
+        source = "flag" if flagged else "env" if k.env in env else "default"
+        lines.append(f"{k.name} = {'' if value is None else value}  # {source}")
+    return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """The README's configuration table."""
+    rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{k.flag}` | `{k.env}` | {k.shown} | {k.help} |" for k in knobs()]
+    return "\n".join(rows)
+
+
+__all__ = ["ENV_PREFIX", "MASK", "Knob", "Parser", "add_settings_flags", "describe",
+           "knobs", "markdown_table", "settings_from"]

@@ -1,0 +1,196 @@
+"""The core's door: what every request needs decided in one place, and the wait for its items.
+
+Rate limits, idempotency and admission are global decisions, so they are made where the
+dispatch core runs: in the single process the routes call `Door.run` directly; in a cell
+(`--gateways K`) each gateway sends its jobs over the link and the core process runs them
+here. A gateway does only what needs no shared state: HTTP, JSON, keys, validation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
+
+from api.auth import Principal
+from api.errors import ApiError, error_body, retry_after, to_api_error
+from api.limits import RateLimiter, pressure_factor
+from api.metrics import Metrics
+from api.requests import PendingRequest
+from api.service import Service
+from batcher import DeadlineExceeded, Tier
+from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse
+from gpu_pool import WorkerInfo
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One validated request, as the core sees it."""
+
+    principal: Principal
+    texts: list[str]
+    single: bool  # {"input": s} rather than {"inputs": [...]}
+    timeout: float  # seconds
+    idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """The outputs, in order; the gateway renders them."""
+
+    outputs: list[str]
+    queue: float  # seconds the slowest item waited in its queue
+    batch: float  # seconds from the first item's dispatch to the answer
+    batch_ids: tuple[int, ...] = ()  # the batches that answered it
+    attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A finished HTTP answer: a refusal, an error, or an idempotent (stored) answer."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Outcome = Answered | Rendered
+
+
+def answer_body(outputs: list[str], single: bool) -> bytes:
+    rid = os.urandom(8).hex()
+    if single:
+        return orjson.dumps({"id": rid, "output": outputs[0]})
+    return orjson.dumps({"id": rid, "outputs": outputs})
+
+
+class Door:
+    """Implements the routes' `CoreView` in process; the link serves it to gateways."""
+
+    def __init__(
+        self, service: Service, metrics: Metrics,
+        gateways: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        self.service = service
+        self.metrics = metrics
+        self.rate_limiter = RateLimiter(service.tiers)
+        self._gateways = gateways
+
+    async def run(
+        self, job: Job, receive: Receive | None = None,
+        register: Callable[[PendingRequest], None] | None = None,
+    ) -> Outcome:
+        """Decide and wait. `receive` watches the client (in process); a remote caller
+        passes `register` instead and calls `leave()` on the request when its client goes."""
+        try:
+            if job.idempotency is None:
+                return await self._serve(job, receive, register)
+            return await self._idempotent(job, receive, register)
+        except Exception as exc:  # translated at the boundary, never a traceback
+            return self.refusal(exc, job.principal.tier)
+
+    async def ready(self) -> dict[str, object]:
+        service = self.service
+        return {"ready": service.ready(), "workers_ready": service.pool.ready_count(),
+                "draining": service.draining}
+
+    async def workers(self) -> list[WorkerInfo]:
+        return self.service.workers()
+
+    async def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    async def gateways(self) -> list[dict[str, Any]]:
+        """The gateway processes in front of this core (none in a single process)."""
+        return self._gateways() if self._gateways is not None else []
+
+    def refusal(self, exc: BaseException, tier: Tier) -> Rendered:
+        err = to_api_error(exc)
+        if err.status in (429, 503):
+            self.metrics.rejected.labels(tier.label, err.code).inc()
+        return Rendered(err.status, error_body(err.code, err.message),
+                        tuple(err.headers.items()))
+
+    async def _serve(
+        self, job: Job, receive: Receive | None,
+        register: Callable[[PendingRequest], None] | None,
+    ) -> Answered:
+        service, principal = self.service, job.principal
+        now = service.clock.now()
+        factor = pressure_factor(service.pressure(principal.tier))
+        self.rate_limiter.check(principal, now, factor)
+        pending = PendingRequest(len(job.texts))
+        items = service.new_items(job.texts, principal.tier, now, job.timeout, pending)
+        service.core.admit(items, job.timeout)
+        if register is not None:
+            register(pending)
+        try:
+            await pending.wait(job.timeout, receive)
+        finally:
+            if pending.remaining:  # not all answered: never run what is left
+                for item in items:
+                    service.core.cancel(item)
+        if pending.client_left:
+            raise ClientDisconnect()
+        if pending.error is not None:
+            raise pending.error
+        if pending.timed_out:
+            raise DeadlineExceeded("the request's deadline passed before it was answered")
+        tier = principal.tier.label
+        queue = 0.0
+        for item in items:
+            waited = item.dispatched - item.arrived
+            queue = max(queue, waited)
+            self.metrics.queue_waited(tier, waited)
+        batch = service.clock.now() - min(i.dispatched for i in items)
+        batch_ids = tuple(sorted({i.batch for i in items}))
+        return Answered(pending.outputs, queue, batch, batch_ids,
+                        1 + max(i.attempts for i in items))
+
+    async def _idempotent(
+        self, job: Job, receive: Receive | None,
+        register: Callable[[PendingRequest], None] | None,
+    ) -> Rendered:
+        """Run a keyed request once per account: join it in flight, or replay its answer."""
+        assert job.idempotency is not None
+        key, digest = job.idempotency
+        store, clock, principal = self.service.idempotency, self.service.clock, job.principal
+        scope = principal.account if principal.key else ""  # anonymous: a scope of its own
+        begin = store.begin(scope, key, digest, clock.now())
+        if isinstance(begin, Replay):
+            self.metrics.replays.inc()
+            return _replayed(begin.response)
+        if isinstance(begin, Join):
+            with anyio.move_on_after(job.timeout):
+                stored = await begin.entry.wait()
+                if stored is LEADER_GONE:
+                    raise ApiError(503, "retry", "the original request did not finish",
+                                   retry_after(1))
+                self.metrics.replays.inc()
+                return _replayed(stored)
+            raise DeadlineExceeded("the original request is still running")
+        assert isinstance(begin, Lead)
+        try:
+            try:
+                answered = await self._serve(job, receive, register)
+                response = Rendered(200, answer_body(answered.outputs, job.single))
+            except Exception as exc:
+                response = self.refusal(exc, principal.tier)
+            store.complete(begin.entry, StoredResponse(response.status, response.body),
+                           clock.now())
+            return response
+        finally:
+            store.abandon(begin.entry, clock.now())  # a no-op once completed
+
+
+def _replayed(stored: StoredResponse) -> Rendered:
+    return Rendered(stored.status, stored.body, (("Idempotent-Replayed", "true"),))
+
+
+__all__ = ["Answered", "Door", "Job", "Outcome", "Rendered", "answer_body"]

@@ -1,0 +1,68 @@
+"""One gateway process of a cell: uvicorn on the shared socket, jobs sent to the core.
+
+Spawned by `api/cell.py`. It parses HTTP and JSON, authenticates and validates, and sends
+each job over its link (`api/link.py`); it holds no shared state. When the link closes the
+core is gone, and the gateway exits at once: a gateway without its core can only refuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+
+from api.settings import Settings
+
+log = logging.getLogger("batchgate.gateway")
+
+
+def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) -> None:
+    """Entry point of a gateway process."""
+    import uvicorn
+
+    from api.app import http_app, settle_heap
+    from api.auth import load_keys
+    from api.link import RemoteCore
+    from api.metrics import Metrics
+    from api.routes import Routes
+
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the core process owns shutdown
+    metrics = Metrics()
+    keys = load_keys(settings.keys, settings.admin_key)
+    server: uvicorn.Server | None = None
+
+    def core_lost() -> None:
+        log.error("the link to the core closed; exiting")
+        if server is not None:
+            server.should_exit = server.force_exit = True
+
+    core = RemoteCore(link, core_lost)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        unwatch = metrics.watch_gc()
+        try:
+            await core.connect()
+            settle_heap()
+            yield
+        finally:
+            unwatch()
+
+    app = http_app(Routes(core, settings, keys, metrics, gateway=slot), lifespan)
+    config = uvicorn.Config(
+        app, log_level=settings.log_level, access_log=False, lifespan="on",
+        timeout_graceful_shutdown=30, proxy_headers=False,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+
+
+__all__ = ["gateway_main"]
