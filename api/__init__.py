@@ -1,8 +1,9 @@
-"""The HTTP front door: settings, keys, routes, metrics and the `batchgate` command."""
+"""The HTTP front door: settings, keys, routes, metrics, the core's door and its link to
+gateway processes. The `batchgate` command is `api.cli:main` (not imported here, so that
+`python -m api.cli` and the gateways it spawns load it once)."""
 
 from api.app import create_app
 from api.auth import KeyRing, Principal, Unauthorized, load_keys
-from api.cli import main
 from api.errors import ApiError
 from api.metrics import Metrics
 from api.service import Service
@@ -18,5 +19,4 @@ __all__ = [
     "Unauthorized",
     "create_app",
     "load_keys",
-    "main",
 ]

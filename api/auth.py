@@ -55,8 +55,9 @@ class KeyRing:
     def is_admin(self, authorization: str | None) -> bool:
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
+        given = token.encode("utf-8", "surrogateescape")  # any header value, never a 500
         return scheme.lower() == "bearer" and any(
-            hmac.compare_digest(token, k) for k in self.admin_keys
+            hmac.compare_digest(given, k.encode()) for k in self.admin_keys
         )
 
 

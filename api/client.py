@@ -5,15 +5,18 @@
 
 More than `max_inputs` (100) inputs go as several requests at once, collated in order. Each
 request carries an Idempotency-Key of its own, kept across its retries, so a retry never
-runs the model twice. Connection errors, 429 and 503 are retried (Retry-After honoured,
-plus jitter, so refused clients do not come back in step) until `max_attempts` or the
-call's deadline, which every attempt passes on as `X-Request-Timeout-Ms`. Anything else
-raises at once, as the exception that mirrors its error code:
+runs the model twice (with an API key: the server keeps answers per account and refuses the
+header from anonymous callers, whose retries after a dropped connection may run again).
+Connection errors, 429 and 503 are retried (Retry-After honoured, plus jitter, so refused
+clients do not come back in step) until `max_attempts` or the call's deadline, which every
+attempt passes on as `X-Request-Timeout-Ms`. Anything else raises at once, as the exception
+that mirrors its error code:
 
     BatchgateError                   .status, .code, .message, .retry_after
     ├── BadRequest              400  malformed_json, invalid_request, invalid_timeout, ...
     ├── Unauthorized            401
     ├── PayloadTooLarge         413  body_too_large, input_too_large
+    ├── UnsupportedMediaType    415  unsupported_media_type
     ├── Unprocessable           422  empty_inputs, too_many_inputs, unknown_model
     │   └── IdempotencyKeyReused     idempotency_key_reused
     ├── RateLimited             429  retried
@@ -68,6 +71,10 @@ class PayloadTooLarge(BatchgateError):
     status = 413
 
 
+class UnsupportedMediaType(BatchgateError):
+    status = 415
+
+
 class Unprocessable(BatchgateError):
     status = 422
 
@@ -109,8 +116,9 @@ class ConnectionFailed(BatchgateError):
 
 
 BY_STATUS: dict[int, type[BatchgateError]] = {
-    c.status: c for c in (BadRequest, Unauthorized, PayloadTooLarge, Unprocessable,
-                          RateLimited, ServerError, Unavailable, DeadlineExceeded)}
+    c.status: c for c in (BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType,
+                          Unprocessable, RateLimited, ServerError, Unavailable,
+                          DeadlineExceeded)}
 BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
     "model_error": ModelError, "contract_violation": ModelError,
@@ -161,9 +169,9 @@ class _Call:
     """One request and its retries: decides, does no I/O (the two clients do)."""
 
     def __init__(self, body: dict[str, Any], deadline: float, policy: RetryPolicy,
-                 rng: random.Random) -> None:
+                 rng: random.Random, keyed: bool) -> None:
         self.body, self.deadline, self.policy, self.rng = body, deadline, policy, rng
-        self.key = uuid.uuid4().hex
+        self.key = uuid.uuid4().hex if keyed else None
         self.attempt = 0
 
     def request(self, now: float) -> dict[str, Any]:
@@ -172,8 +180,9 @@ class _Call:
         if remaining <= 0:
             raise DeadlineExceeded("the call's deadline passed before an answer", status=0)
         self.attempt += 1
-        headers = {"Idempotency-Key": self.key,
-                   "X-Request-Timeout-Ms": str(max(1, math.floor(remaining * 1000)))}
+        headers = {"X-Request-Timeout-Ms": str(max(1, math.floor(remaining * 1000)))}
+        if self.key is not None:
+            headers["Idempotency-Key"] = self.key
         return {"json": self.body, "headers": headers, "timeout": remaining + 1.0}
 
     def answered(self, response: httpx.Response, now: float) -> list[str] | float:
@@ -187,9 +196,9 @@ class _Call:
         wait = self.policy.wait(error, self.attempt, self.rng)
         if wait is None or now + wait >= self.deadline:
             raise error
-        if isinstance(error, RateLimited):
-            # Refused before anything ran, so a new key is safe; and a server that stored
-            # the 429 under the old key would replay it to every retry.
+        if isinstance(error, RateLimited) and self.key is not None:
+            # Refused before anything ran, so a new key is safe (older servers stored the
+            # 429 under its key and replayed it to every retry).
             self.key = uuid.uuid4().hex
         return wait
 
@@ -199,11 +208,12 @@ def _chunks(inputs: Sequence[str], size: int) -> list[list[str]]:
 
 
 class _Base:
-    def __init__(self, timeout: float, max_inputs: int, model: str | None,
-                 retry: RetryPolicy | None, clock: Callable[[], float],
+    def __init__(self, api_key: str | None, timeout: float, max_inputs: int,
+                 model: str | None, retry: RetryPolicy | None, clock: Callable[[], float],
                  rng: random.Random | None) -> None:
         if not 1 <= max_inputs <= MAX_INPUTS:
             raise ValueError(f"max_inputs must be within 1..{MAX_INPUTS}")
+        self.keyed = bool(api_key)
         self.timeout, self.max_inputs, self.model = timeout, max_inputs, model
         self.retry, self.clock = retry or RetryPolicy(), clock
         self.rng = rng or random.Random()
@@ -215,7 +225,7 @@ class _Base:
             body: dict[str, Any] = {"inputs": chunk}
             if self.model is not None:
                 body["model"] = self.model
-            calls.append(_Call(body, deadline, self.retry, self.rng))
+            calls.append(_Call(body, deadline, self.retry, self.rng, self.keyed))
         return calls
 
     @staticmethod
@@ -232,7 +242,7 @@ class Client(_Base):
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  rng: random.Random | None = None) -> None:
-        super().__init__(timeout, max_inputs, model, retry, clock, rng)
+        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
         self._sleep = sleep
         self._http = httpx.Client(base_url=base_url, headers=self._headers(api_key),
                                   transport=transport)
@@ -279,7 +289,7 @@ class AsyncClient(_Base):
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
                  rng: random.Random | None = None) -> None:
-        super().__init__(timeout, max_inputs, model, retry, clock, rng)
+        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
         self._sleep = sleep
         self._http = httpx.AsyncClient(base_url=base_url, headers=self._headers(api_key),
                                        transport=transport)
@@ -328,5 +338,5 @@ __all__ = [
     "AsyncClient", "BadRequest", "BatchgateError", "Client", "ConnectionFailed",
     "DeadlineExceeded", "IdempotencyKeyReused", "ModelError", "NoHealthyWorker",
     "Overloaded", "PayloadTooLarge", "RateLimited", "RetryPolicy", "ServerError",
-    "Unauthorized", "Unavailable", "Unprocessable", "error_from",
+    "Unauthorized", "Unavailable", "Unprocessable", "UnsupportedMediaType", "error_from",
 ]

@@ -25,7 +25,7 @@ from api.metrics import Metrics
 from api.requests import PendingRequest
 from api.service import Service
 from batcher import DeadlineExceeded, Tier
-from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse
+from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse, is_storable
 from gpu_pool import WorkerInfo
 
 
@@ -89,6 +89,9 @@ class Door:
         """Decide and wait. `receive` watches the client (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
         try:
+            now = self.service.clock.now()  # replays and joins count against the rate too
+            factor = pressure_factor(self.service.pressure(job.principal.tier))
+            self.rate_limiter.check(job.principal, now, factor)
             if job.idempotency is None:
                 return await self._serve(job, receive, register)
             return await self._idempotent(job, receive, register)
@@ -123,8 +126,6 @@ class Door:
     ) -> Answered:
         service, principal = self.service, job.principal
         now = service.clock.now()
-        factor = pressure_factor(service.pressure(principal.tier))
-        self.rate_limiter.check(principal, now, factor)
         pending = PendingRequest(len(job.texts))
         items = service.new_items(job.texts, principal.tier, now, job.timeout, pending)
         service.core.admit(items, job.timeout)
@@ -161,8 +162,8 @@ class Door:
         assert job.idempotency is not None
         key, digest = job.idempotency
         store, clock, principal = self.service.idempotency, self.service.clock, job.principal
-        scope = principal.account if principal.key else ""  # anonymous: a scope of its own
-        begin = store.begin(scope, key, digest, clock.now())
+        assert principal.key is not None  # the routes refuse a key from anonymous callers
+        begin = store.begin(principal.account, key, digest, clock.now())
         if isinstance(begin, Replay):
             self.metrics.replays.inc()
             return _replayed(begin.response)
@@ -182,10 +183,13 @@ class Door:
                 response = Rendered(200, answer_body(answered.outputs, job.single))
             except Exception as exc:
                 response = self.refusal(exc, principal.tier)
-            store.complete(begin.entry, StoredResponse(response.status, response.body),
-                           clock.now())
+            if is_storable(response.status):
+                store.complete(begin.entry, StoredResponse(response.status, response.body),
+                               clock.now())
             return response
         finally:
+            # Not decided (refused, cancelled, timed out): nothing kept; joiners are told
+            # to retry, and the next request with this key runs it afresh.
             store.abandon(begin.entry, clock.now())  # a no-op once completed
 
 

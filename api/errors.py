@@ -34,6 +34,7 @@ ERRORS: dict[str, ErrorCode] = {
     "invalid_request": ErrorCode(400, "wrong types, or both or neither of input/inputs"),
     "invalid_timeout": ErrorCode(400, "X-Request-Timeout-Ms is not a number of at least 1 ms"),
     "invalid_idempotency_key": ErrorCode(400, "Idempotency-Key is empty or too long"),
+    "idempotency_needs_key": ErrorCode(400, "Idempotency-Key sent without an API key"),
     "unauthorized": ErrorCode(401, "unknown key, or no key where anonymous use is off"),
     "not_found": ErrorCode(404, "no such path"),
     "method_not_allowed": ErrorCode(405, "the path does not take this method"),
@@ -42,6 +43,7 @@ ERRORS: dict[str, ErrorCode] = {
     "empty_inputs": ErrorCode(422, "inputs is empty"),
     "too_many_inputs": ErrorCode(422, "inputs holds more than --max-inputs strings"),
     "unknown_model": ErrorCode(422, "model names another model than the one served"),
+    "unsupported_media_type": ErrorCode(415, "a Content-Type other than application/json"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
     "client_closed": ErrorCode(499, "the client left; its items were withdrawn unrun"),
@@ -56,7 +58,8 @@ ERRORS: dict[str, ErrorCode] = {
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),
     "shutting_down": ErrorCode(503, "the server is draining"),
     "retry": ErrorCode(503, "the first request with this Idempotency-Key did not finish"),
-    "deadline_exceeded": ErrorCode(504, "the deadline passed while queued (the item never ran)"),
+    "deadline_exceeded": ErrorCode(
+        504, "the deadline passed first: queued, or running (its output is then discarded)"),
 }
 """Every error code a client can receive, with its status: the OpenAPI document and the
 client's exceptions are built from it, and a test holds the code that raises to it."""

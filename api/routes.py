@@ -78,6 +78,14 @@ class Routes:
         if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
             raise ApiError(400, "invalid_idempotency_key",
                            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
+        if key is not None and principal.key is None:  # anonymous callers share no scope
+            raise ApiError(400, "idempotency_needs_key",
+                           "Idempotency-Key needs an API key: answers are kept per account")
+        kind = request.headers.get("content-type")
+        if kind is not None and kind.partition(";")[0].strip().lower() != JSON:
+            # text/plain and forms are what a web page may post cross-site without a
+            # preflight. No header at all is taken as JSON (curl -d sends a form type).
+            raise ApiError(415, "unsupported_media_type", "the body must be application/json")
         body = await _read_body(request, self.limits.max_body_bytes)
         parsed = parse_body(body, self.limits)
         timeout = parse_timeout(

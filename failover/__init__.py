@@ -25,6 +25,7 @@ from failover.idempotency import (
     MemoryIdempotencyStore,
     Replay,
     StoredResponse,
+    is_storable,
 )
 from failover.owner import CoreObserver, CoreOwner
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
@@ -56,4 +57,5 @@ __all__ = [
     "StoredResponse",
     "TableStatistics",
     "WorkerCrashed",
+    "is_storable",
 ]

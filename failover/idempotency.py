@@ -108,8 +108,10 @@ class IdempotencyStore(Protocol):
 
 
 def is_storable(status: int) -> bool:
-    """2xx and 4xx are final answers; anything else (5xx above all) may succeed on retry."""
-    return 200 <= status < 300 or 400 <= status < 500
+    """What running the request decided: its answer (2xx), or an error its own body causes
+    (400, 413, 422). Refusals (401, 429, 503), a client leaving (499), timeouts (504) and
+    5xx say nothing about the request: a retry must run it, never replay them."""
+    return 200 <= status < 300 or status in (400, 413, 422)
 
 
 class MemoryIdempotencyStore:

@@ -97,6 +97,7 @@ class WorkerPool:
 
     def __init__(self, settings: PoolSettings) -> None:
         self._settings = settings
+        self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
         self._events: PoolEvents = _Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
         self._ids = itertools.count(1)
@@ -129,10 +130,20 @@ class WorkerPool:
                 await self.stop()
 
     async def wait_ready(self, count: int, within: float) -> int:
-        """Wait until `count` workers are ready (or `within` seconds); return how many are."""
+        """Wait until `count` workers are ready, or until each has either come up or died
+        at least once with one ready (one that crashes while loading holds no one back), or
+        `within` seconds; return how many are ready."""
+
+        def settled(slot: _Slot) -> bool:
+            return slot.state in (WorkerState.READY, WorkerState.BUSY, WorkerState.DEAD) \
+                or slot.restarts > 0
+
         with anyio.move_on_after(within):
-            for slot in self._slots[:count]:
-                await slot.ready.wait()
+            while self.ready_count() < count and not (
+                self.ready_count() > 0 and all(settled(s) for s in self._slots[:count])
+            ):
+                self._changed = anyio.Event()
+                await self._changed.wait()
         return self.ready_count()
 
     async def stop(self, grace: float = 10.0) -> None:
@@ -256,6 +267,7 @@ class WorkerPool:
             slot.state, slot.device = WorkerState.READY, msg.device
             slot.ready_at = time.monotonic()
             slot.ready.set()
+            self._signal_change()
             log.info("worker %s ready (slot %d, pid %d, %s)", worker, slot.index, msg.pid,
                      msg.device)
             self._events.worker_ready(worker)
@@ -279,7 +291,13 @@ class WorkerPool:
             log.warning("worker %s (slot %d) died", worker, slot.index)
         lived = time.monotonic() - slot.ready_at if was_up else 0.0
         slot.failures = 0 if lived >= self._settings.stable_after else slot.failures + 1
+        self._signal_change()
         self._events.worker_died(worker)
+
+    def _signal_change(self) -> None:
+        """Wake `wait_ready`: a worker came up or went down."""
+        if self._changed is not None:
+            self._changed.set()
 
     def _on_exit(self, slot: _Slot, worker: WorkerId) -> None:
         if slot.worker != worker:

@@ -51,3 +51,9 @@ def test_malformed_keys_files_say_what_is_wrong(tmp_path: Path, text: str) -> No
 def test_without_a_file_only_the_admin_flag_is_known() -> None:
     ring = load_keys(None, admin_key="root")
     assert isinstance(ring, KeyRing) and ring.is_admin("Bearer root")
+
+
+def test_a_non_ascii_admin_token_is_refused_not_an_error() -> None:
+    ring = load_keys(None, admin_key="root")
+    # ASGI headers decode as latin-1: "\xe9" is what `Bearer \xe9` on the wire becomes.
+    assert not ring.is_admin("Bearer \xe9") and not ring.is_admin("Bearer r\u00f6\u00f6t")

@@ -39,9 +39,11 @@ def refuse(status: int, code: str, retry_after: int | None = None) -> httpx.Resp
                           headers=headers)
 
 
-def make(handler: Handler, clock: FakeClock, timeout: float = 30.0) -> c.Client:
-    return c.Client("http://batchgate", timeout=timeout, transport=httpx.MockTransport(handler),
-                    clock=clock, sleep=clock.sleep, rng=random.Random(1))
+def make(handler: Handler, clock: FakeClock, timeout: float = 30.0,
+         api_key: str | None = "k") -> c.Client:
+    return c.Client("http://batchgate", api_key, timeout=timeout,
+                    transport=httpx.MockTransport(handler), clock=clock, sleep=clock.sleep,
+                    rng=random.Random(1))
 
 
 def test_more_than_100_inputs_go_as_several_requests_collated_in_order() -> None:
@@ -67,6 +69,19 @@ def test_a_refused_request_is_retried_with_its_key_after_retry_after_plus_jitter
     assert make(handler, clock).batchstring(["ab"]) == ["ba"]
     assert len({r.headers["idempotency-key"] for r in seen}) == 1
     assert all(2.0 <= s <= 2.5 for s in clock.slept) and len(set(clock.slept)) == 2
+
+
+def test_an_anonymous_client_sends_no_idempotency_key() -> None:
+    """The server keeps answers per account and refuses the header without an API key."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return refuse(503, "over_budget", 1) if len(seen) < 2 else echo(request)
+
+    assert make(handler, FakeClock(), api_key=None).batchstring(["ab"]) == ["ba"]
+    assert len(seen) == 2 and not any("idempotency-key" in r.headers for r in seen)
+    assert "authorization" not in seen[0].headers
 
 
 def test_connection_errors_are_retried_with_backoff() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -12,7 +13,7 @@ import pytest
 
 from api.client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server
-from tests.e2e.helpers import patient_keys, post_many, workers_in_state
+from tests.e2e.helpers import EXAMPLE_KEYS, patient_keys, post_many, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
@@ -86,3 +87,43 @@ async def test_twenty_requests_with_one_key_run_the_model_once(
         assert other.status_code == 422
         assert other.json()["error"]["code"] == "idempotency_key_reused"
         assert count.read_text().splitlines() == ["once"]
+
+
+async def honour_retry_after(
+    send: Callable[[], Awaitable[httpx.Response]],
+) -> httpx.Response:
+    """What a client does on 429: wait as long as Retry-After says, then send again."""
+    with anyio.fail_after(10):
+        while (answer := await send()).status_code == 429:  # noqa: ASYNC110
+            await anyio.sleep(float(answer.headers["retry-after"]))
+    return answer
+
+
+async def test_an_idempotency_key_keeps_only_what_ran_and_needs_an_api_key(
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "keys.toml"  # the paid key: 1 request/s, no burst beyond it
+    keys.write_text(EXAMPLE_KEYS.read_text().replace("rate = 5000\nburst = 10000",
+                                                      "rate = 1\nburst = 1"))
+    args = ["--keys", str(keys), "--batch-latency-ms", "300"]
+    with running_server(workers=1, args=args) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            async def post(key: str, **headers: str) -> httpx.Response:
+                return await client.post("/v1/batchstring", json={"input": "kept"},
+                                         headers={**PAID, "Idempotency-Key": key, **headers})
+
+            anonymous = await client.post("/v1/batchstring", json={"input": "x"},
+                                          headers={"Idempotency-Key": "shared"})
+            assert anonymous.status_code == 400
+            assert anonymous.json()["error"]["code"] == "idempotency_needs_key"
+            # A timeout is not an answer: the same key later runs and answers 200.
+            timed_out = await post("order-1", **{"X-Request-Timeout-Ms": "50"})
+            assert timed_out.status_code == 504
+            refused = await post("order-1")  # the bucket is empty: refused, not kept
+            assert refused.status_code == 429
+            answer = await honour_retry_after(lambda: post("order-1"))
+            assert answer.status_code == 200 and answer.json()["output"] == "tpek"
+            assert "idempotent-replayed" not in answer.headers
+            replay = await honour_retry_after(lambda: post("order-1"))
+            assert replay.headers["idempotent-replayed"] == "true"  # a replay is rate-limited
+            assert replay.json() == answer.json()

@@ -49,6 +49,10 @@ async def test_many_inputs_are_collated_in_order() -> None:
         (b"x" * 2_000_000, {}, 413, "body_too_large"),
         (b'{"input": "a"}', {"Authorization": "Bearer wrong"}, 401, "unauthorized"),
         (b'{"input": "a"}', {"X-Request-Timeout-Ms": "soon"}, 400, "invalid_timeout"),
+        # A browser posts these cross-site without a preflight: never served.
+        (b'{"input": "a"}', {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        (b"input=a", {"Content-Type": "application/x-www-form-urlencoded"}, 415,
+         "unsupported_media_type"),
     ],
 )
 def test_bad_requests_get_json_errors(
@@ -67,6 +71,8 @@ def test_unknown_paths_and_methods_are_json_too(shared_server: str) -> None:
 
 def test_admin_workers_needs_the_admin_key(shared_server: str) -> None:
     assert httpx.get(shared_server + "/admin/workers").status_code == 401
+    odd = httpx.get(shared_server + "/admin/workers", headers={"Authorization": b"Bearer \xe9"})
+    assert odd.status_code == 401 and odd.json()["error"]["code"] == "unauthorized"
     workers = httpx.get(shared_server + "/admin/workers", headers=ADMIN).json()["workers"]
     assert len(workers) == 2 and {w["state"] for w in workers} <= {"ready", "busy"}
     assert all(isinstance(w["pid"], int) and w["batches"] >= 0 for w in workers)

@@ -349,3 +349,17 @@ class StoreMachine(RuleBasedStateMachine):
 
 StoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 test_store_matches_the_model_over_random_interleavings = StoreMachine.TestCase
+
+
+def test_only_what_running_the_request_decided_is_kept() -> None:
+    store = MemoryIdempotencyStore(ttl=60.0, max_entries=10)
+    for status in (401, 429, 499, 500, 503, 504):
+        lead = store.begin("acme", f"k{status}", b"f", 0.0)
+        assert isinstance(lead, Lead)
+        store.complete(lead.entry, StoredResponse(status, b"{}"), 0.0)
+        assert isinstance(store.begin("acme", f"k{status}", b"f", 1.0), Lead)  # runs again
+    for status in (200, 400, 413, 422):
+        lead = store.begin("acme", f"k{status}", b"f", 0.0)
+        assert isinstance(lead, Lead)
+        store.complete(lead.entry, StoredResponse(status, b"{}"), 0.0)
+        assert isinstance(store.begin("acme", f"k{status}", b"f", 1.0), Replay)

@@ -7,6 +7,7 @@ import pickle
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -156,4 +157,19 @@ async def test_a_worker_that_dies_while_loading_is_retried_with_growing_backoff(
                 await events.changed.wait()  # each death is reported
         assert events.ready == [] and pool.ready_count() == 0
         assert pool._slots[0].failures >= 3  # each death before READY counts toward the backoff
+        tg.cancel_scope.cancel()
+
+
+async def test_a_worker_that_dies_while_loading_does_not_hold_start_up_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHGATE_TEST_CRASH_ONCE", str(tmp_path / "crashed"))
+    settings = PoolSettings(model="tests.crash_once_on_import:batchstring", workers=2,
+                            restart_backoff=600.0)  # the dead one stays down for this test
+    pool = WorkerPool(settings)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run, Events())
+        with anyio.fail_after(60):  # far below `within`: it returns when start-up settles
+            assert await pool.wait_ready(2, within=3600) == 1
+        assert (tmp_path / "crashed").exists()
         tg.cancel_scope.cancel()
