@@ -8,13 +8,15 @@ decides when to ask, and says when it next needs asking (`due`).
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from batcher.admission import Admission, RateMeter
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import TierQueues
 from batcher.types import FlushReason, Item, Tier
+
+RECENT_ADMITS = 4  # requests over which `load_rate` sees a step in load
 
 
 class Closed(Exception):
@@ -50,6 +52,7 @@ class Batcher:
         self._policy = policy
         self._admission = admission
         self._arrivals = {tier: RateMeter() for tier in Tier}
+        self._recent: deque[tuple[float, int]] = deque(maxlen=RECENT_ADMITS + 1)
         self._above = {tier: tuple(t for t in Tier if t < tier) for tier in Tier}
         self._draining = False
         self._batches = self._items = self._expired = 0
@@ -84,6 +87,7 @@ class Batcher:
             self._admission.check(tier, ahead, ready, deadline_in, self._overtaking(tier, now))
         self._queues.ensure_room(tier, len(items))  # all or nothing
         self._arrivals[tier].add(len(items), now)
+        self._recent.append((now, len(items)))
         for item in items:
             item.enqueued = now
             self._queues.put_nowait(item)
@@ -133,6 +137,18 @@ class Batcher:
     def arrival_rate(self, now: float) -> float:
         """Items per second arriving over every tier (decaying average)."""
         return sum(meter.rate(now) for meter in self._arrivals.values())
+
+    def load_rate(self, now: float) -> float:
+        """The rate the idle trigger plans for: the decaying average, or the rate of the last
+        few requests when higher. The average takes a second to see a step from idle to full
+        load, and an idle pool would spend that second cutting one-item batches that hold
+        every worker while the queue builds; the last few requests show the step at once."""
+        average = self.arrival_rate(now)
+        if len(self._recent) <= RECENT_ADMITS:
+            return average
+        span = now - self._recent[0][0]
+        items = sum(n for _, n in self._recent) - self._recent[0][1]
+        return max(average, items / span if span > 0 else math.inf)
 
     def expected_wait(self, tier: Tier, now: float, ready: int) -> float:
         """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""

@@ -200,7 +200,7 @@ class DispatchCore:
         needed = -1.0
         while self._table.idle_count() > 0:
             if needed < 0:
-                needed = self._batcher.arrival_rate(now) * self._admission.batch_latency \
+                needed = self._batcher.load_rate(now) * self._admission.batch_latency \
                     / self._max_batch
             capacity = Capacity(
                 self._table.idle_count(), self._table.ready_count(), needed

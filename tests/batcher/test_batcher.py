@@ -27,6 +27,7 @@ from batcher import (
     Tier,
     TierQueues,
 )
+from batcher.batcher import RECENT_ADMITS
 
 ONE_IDLE = Capacity(idle=1, ready=1)
 NONE_IDLE = Capacity(idle=0, ready=1)
@@ -246,6 +247,17 @@ def test_arrival_rate_counts_what_was_admitted_and_decays() -> None:
     assert b.arrival_rate(0.0) == pytest.approx(50.0)
     assert b.arrival_rate(1.0) == pytest.approx(50.0 / math.e)  # time constant of 1 s
     assert b.statistics(1.0).arrival_rate == pytest.approx(50.0 / math.e)
+
+
+def test_load_rate_sees_a_step_in_load_at_once_and_never_reads_below_the_average() -> None:
+    b = batcher(cap=1000)
+    assert b.load_rate(0.0) == 0.0
+    for k in range(RECENT_ADMITS + 1):  # a step: requests 1 ms apart, 1,000/s
+        b.admit(items(1), 10.0, now=k * 0.001, ready=1)
+    now = RECENT_ADMITS * 0.001
+    assert b.arrival_rate(now) < 10  # the 1 s average has barely moved
+    assert b.load_rate(now) == pytest.approx(1000.0)
+    assert b.load_rate(now + 10.0) < 1.0  # quiet again: the step is over
 
 
 def test_expected_wait_counts_only_the_work_served_first() -> None:

@@ -77,3 +77,11 @@ def test_under_heavy_load_the_old_idle_rule_cuts_batches_too_small() -> None:
     # spare=0: any moment with two idle workers cuts a small batch that holds one for 100 ms.
     size_or_time = heavy_p99(idle_trigger=False, spare=1.5)
     assert heavy_p99(idle_trigger=True, spare=0.0) > size_or_time + 0.010
+
+
+def test_a_step_from_idle_to_heavy_load_costs_the_idle_trigger_nothing() -> None:
+    """Counted from the first request: an idle pool must not spend itself on one-item
+    batches while the decaying average still reads the step as a trickle."""
+    size_or_time = run(20_000, 22, FlushPolicy(idle_trigger=False), duration=3.0, warmup=0.0)
+    idle = run(20_000, 22, FlushPolicy(), duration=3.0, warmup=0.0)
+    assert idle.percentile(0.99) - size_or_time.percentile(0.99) <= 0.003
