@@ -6,6 +6,7 @@ import hmac
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from api.tiers import DEFAULT_TIERS, TierPolicy, tiers_from
 from batcher import Tier
@@ -26,6 +27,10 @@ class Principal:
     tier: Tier
     account: str
     key: str | None  # None for anonymous requests
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses the link with every job (see `api.door.Job`).
+        return Principal, (self.tier, self.account, self.key)
 
 
 ANONYMOUS = Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)

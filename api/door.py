@@ -24,7 +24,7 @@ from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
 from api.requests import PendingRequest
 from api.service import Service
-from batcher import DeadlineExceeded, Tier
+from batcher import DeadlineExceeded, Item, Tier
 from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse, is_storable
 from gpu_pool import WorkerInfo
 
@@ -39,6 +39,11 @@ class Job:
     timeout: float  # seconds
     idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Jobs and outcomes cross the link: a frozen dataclass's default pickling walks
+        # `fields()` on every load.
+        return Job, (self.principal, self.texts, self.single, self.timeout, self.idempotency)
+
 
 @dataclass(frozen=True, slots=True)
 class Answered:
@@ -50,6 +55,9 @@ class Answered:
     batch_ids: tuple[int, ...] = ()  # the batches that answered it
     attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Answered, (self.outputs, self.queue, self.batch, self.batch_ids, self.attempts)
+
 
 @dataclass(frozen=True, slots=True)
 class Rendered:
@@ -58,6 +66,9 @@ class Rendered:
     status: int
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Rendered, (self.status, self.body, self.headers)
 
 
 Outcome = Answered | Rendered
@@ -89,14 +100,38 @@ class Door:
         """Decide and wait. `receive` watches the client (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
         try:
-            now = self.service.clock.now()  # replays and joins count against the rate too
-            factor = pressure_factor(self.service.pressure(job.principal.tier))
-            self.rate_limiter.check(job.principal, now, factor)
+            self._check_rate(job)  # replays and joins count against the rate too
             if job.idempotency is None:
                 return await self._serve(job, receive, register)
             return await self._idempotent(job, receive, register)
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
+
+    def submit(
+        self, job: Job, register: Callable[[PendingRequest], None],
+        done: Callable[[Outcome], None],
+    ) -> None:
+        """`run` without a task, for the link's jobs without an Idempotency-Key (a keyed
+        one may wait on its leader: it takes `run`). `done` gets the outcome from the
+        callback that settles the request; a task per job cost the core process about as
+        much CPU as the dispatch itself."""
+        try:
+            self._check_rate(job)
+            items, pending = self._admit(job)
+        except Exception as exc:
+            done(self.refusal(exc, job.principal.tier))
+            return
+        register(pending)
+
+        def finished() -> None:
+            self._withdraw(items, pending)
+            try:
+                outcome: Outcome = self._answered(job, items, pending)
+            except Exception as exc:
+                outcome = self.refusal(exc, job.principal.tier)
+            done(outcome)
+
+        pending.on_done(job.timeout, finished)
 
     async def ready(self) -> dict[str, object]:
         service = self.service
@@ -120,23 +155,39 @@ class Door:
         return Rendered(err.status, error_body(err.code, err.message),
                         tuple(err.headers.items()))
 
+    def _check_rate(self, job: Job) -> None:
+        factor = pressure_factor(self.service.pressure(job.principal.tier))
+        self.rate_limiter.check(job.principal, self.service.clock.now(), factor)
+
+    def _admit(self, job: Job) -> tuple[list[Item], PendingRequest]:
+        service = self.service
+        pending = PendingRequest(len(job.texts))
+        items = service.new_items(job.texts, job.principal.tier, service.clock.now(),
+                                  job.timeout, pending)
+        service.core.admit(items, job.timeout)
+        return items, pending
+
+    def _withdraw(self, items: list[Item], pending: PendingRequest) -> None:
+        if pending.remaining:  # not all answered: never run what is left
+            for item in items:
+                self.service.core.cancel(item)
+
     async def _serve(
         self, job: Job, receive: Receive | None,
         register: Callable[[PendingRequest], None] | None,
     ) -> Answered:
-        service, principal = self.service, job.principal
-        now = service.clock.now()
-        pending = PendingRequest(len(job.texts))
-        items = service.new_items(job.texts, principal.tier, now, job.timeout, pending)
-        service.core.admit(items, job.timeout)
+        items, pending = self._admit(job)
         if register is not None:
             register(pending)
         try:
             await pending.wait(job.timeout, receive)
         finally:
-            if pending.remaining:  # not all answered: never run what is left
-                for item in items:
-                    service.core.cancel(item)
+            self._withdraw(items, pending)
+        return self._answered(job, items, pending)
+
+    def _answered(self, job: Job, items: list[Item], pending: PendingRequest) -> Answered:
+        """The finished request's answer, or the error that ended it (raised)."""
+        service, principal = self.service, job.principal
         if pending.client_left:
             raise ClientDisconnect()
         if pending.error is not None:

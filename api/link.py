@@ -17,6 +17,7 @@ idempotency stay global.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import pickle
@@ -92,7 +93,12 @@ class _GatewayConnection(_Framed):
     def received(self, message: tuple[Any, ...]) -> None:
         kind, rid = message[0], message[1]
         if kind == "run":
-            self._spawn(self._run(rid, message[2]))
+            job: Job = message[2]
+            if job.idempotency is None:
+                self._door.submit(job, functools.partial(self._register, rid),
+                                  functools.partial(self._done, rid))
+            else:
+                self._spawn(self._run(rid, job))
         elif kind == "cancel":
             pending = self._live.pop(rid, None)
             if pending is not None:
@@ -107,16 +113,21 @@ class _GatewayConnection(_Framed):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, rid: int, job: Job) -> None:
-        def register(pending: PendingRequest) -> None:
-            if rid in self._gone or self.transport is None:  # its client already left
-                self._gone.discard(rid)
-                pending.leave()
-            else:
-                self._live[rid] = pending
+    def _register(self, rid: int, pending: PendingRequest) -> None:
+        if rid in self._gone or self.transport is None:  # its client already left
+            self._gone.discard(rid)
+            pending.leave()
+        else:
+            self._live[rid] = pending
 
+    def _done(self, rid: int, outcome: Outcome) -> None:
+        self._live.pop(rid, None)
+        self._gone.discard(rid)
+        self.send(("done", rid, outcome))
+
+    async def _run(self, rid: int, job: Job) -> None:
         try:
-            outcome = await self._door.run(job, None, register)
+            outcome = await self._door.run(job, None, functools.partial(self._register, rid))
         finally:
             self._live.pop(rid, None)
             self._gone.discard(rid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -141,6 +142,17 @@ class PendingRequest:
         if not self.done.done():
             self.client_left = True
             self.done.set_result(None)
+
+    def on_done(self, seconds: float, then: Callable[[], None]) -> None:
+        """`wait` without a task (the core serving a gateway's job): call `then` once the
+        request is answered, failed, left or out of time."""
+        timer = asyncio.get_running_loop().call_later(seconds, self.expire, context=_QUIET)
+
+        def finished(_: asyncio.Future[None]) -> None:
+            timer.cancel()
+            then()
+
+        self.done.add_done_callback(finished, context=_QUIET)
 
     async def wait(self, seconds: float, receive: Receive | None) -> None:
         """Wait for the answer, the deadline, or the client leaving, whichever comes first.
