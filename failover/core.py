@@ -91,14 +91,18 @@ class DispatchCore:
         """Queue a request's items or refuse them all (raises Closed, Overloaded, QueueFull).
 
         Returns True when the arrival can change a decision now (a worker is idle and the
-        queue was empty, is full, or has workers to spare): the owner must take a turn."""
+        queue was empty, is full, or the idle trigger would fire): the owner must take a
+        turn. Under load two workers are often idle while the trigger holds back, and a turn
+        for every arrival then cost the core process more than the dispatch itself."""
         was_empty = len(self._batcher) == 0
         self._batcher.admit(items, deadline_in, now, self._table.ready_count())
         idle = self._table.idle_count()
-        return idle > 0 and (
-            was_empty or len(self._batcher) >= self._max_batch
-            or (self._batcher.policy.idle_trigger and idle > 1)
-        )
+        if idle <= 0:
+            return False
+        if was_empty or len(self._batcher) >= self._max_batch:
+            return True
+        policy = self._batcher.policy
+        return idle > 1 and policy.idle_trigger and policy.spare_capacity(self._capacity(now))
 
     def cancel(self, item: Item) -> None:
         """The waiter gave up: never run this item (O(1))."""
@@ -190,6 +194,13 @@ class DispatchCore:
         )
 
     # -- internals -------------------------------------------------------------------------
+    def _needed(self, now: float) -> float:
+        """Workers the current load keeps busy at full batches."""
+        return self._batcher.load_rate(now) * self._admission.batch_latency / self._max_batch
+
+    def _capacity(self, now: float) -> Capacity:
+        return Capacity(self._table.idle_count(), self._table.ready_count(), self._needed(now))
+
     def _pump(
         self, now: float, out: CoreActions, freed: tuple[WorkerId, float] | None = None
     ) -> CoreActions:
@@ -200,8 +211,7 @@ class DispatchCore:
         needed = -1.0
         while self._table.idle_count() > 0:
             if needed < 0:
-                needed = self._batcher.load_rate(now) * self._admission.batch_latency \
-                    / self._max_batch
+                needed = self._needed(now)
             capacity = Capacity(
                 self._table.idle_count(), self._table.ready_count(), needed
             )

@@ -160,15 +160,20 @@ class CoreMachine(RuleBasedStateMachine):
                       self, k) for k in range(n)]
         for item in items:
             self.items[item.id] = item
+        deadline = self.core.next_deadline()  # the owner's timer, armed at its last turn
         try:
-            self.core.admit(items, timeout, self.now)
+            turn = self.core.admit(items, timeout, self.now)
         except (BatchgateError, Closed):
             for item in items:  # refused: never queued, never answered
                 del self.items[item.id]
             return
         self.requests.append(Request(items))
         self.m.queued.update((i.id, i) for i in items)
-        self.perform(self.core.poll(self.now))
+        actions = self.core.poll(self.now)
+        # The owner takes a turn only when admit asks for one: a turn it skips must have
+        # had nothing to do, and the timer it keeps must still be right.
+        assert turn or (not actions.send and self.core.next_deadline() == deadline)
+        self.perform(actions)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
