@@ -26,6 +26,24 @@ TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
 MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window shrinks
 
+# The front door's CPU, measured on the 2-core machine of README's results (sim workers,
+# one-input requests; `python -m loadtest.bench_http --rates 1600@2 3000@4 --gateways 1 2`);
+# a GPU host's cores are usually faster, so this errs on the safe side.
+GATEWAY_CPU_MS = 0.20  # per request, in a gateway process: HTTP, JSON, keys, its link end
+CORE_CPU_MS = 0.09  # per request in the core process of a cell (door, core, link, pool IPC)
+SINGLE_CPU_MS = 0.22  # per request when one process does it all (--gateways 1)
+CORE_CPU_MS_PER_ITEM = 0.012  # per further input of a request, in the core
+BUSY = 0.6  # the share of a core each process is planned at, so queues in it stay short
+
+
+@dataclass(frozen=True, slots=True)
+class FrontDoor:
+    """The CPU the HTTP side needs at a load: gateway processes, and cores in all."""
+
+    gateways: int  # 1: the single process (no link)
+    cores: int  # gateways + the core process (1 in a single process)
+    core_load: float  # the core process's share of one core
+
 
 @dataclass(frozen=True, slots=True)
 class Simulation:
@@ -59,6 +77,7 @@ class PlanResult:
     duration_s: float  # virtual seconds simulated per count
     cost_per_million: float | None
     unreachable: str | None = None
+    front: FrontDoor | None = None
 
     @property
     def gpus(self) -> int | None:
@@ -68,6 +87,17 @@ class PlanResult:
 def floor_gpus(rps: float, max_batch: int, batch_latency_ms: float, inputs: int = 1) -> int:
     """`ceil(items/s / (max_batch / batch_latency))`; rounded first so 10.0000001 stays 10."""
     return max(1, math.ceil(round(rps * inputs * batch_latency_ms / (max_batch * 1000), 9)))
+
+
+def front_door(rps: float, inputs: int = 1) -> FrontDoor:
+    """Gateways and cores for `rps` requests/s of `inputs` inputs, from the measured CPU per
+    request: one process while it stays under `BUSY` of a core, else a cell."""
+    extra = (inputs - 1) * CORE_CPU_MS_PER_ITEM
+    single = rps * (SINGLE_CPU_MS + extra) / 1000
+    if single <= BUSY:
+        return FrontDoor(1, 1, single)
+    gateways = max(2, math.ceil(rps * GATEWAY_CPU_MS / 1000 / BUSY))
+    return FrontDoor(gateways, gateways + 1, rps * (CORE_CPU_MS + extra) / 1000)
 
 
 def poisson(rps: float, duration: float, seed: int) -> list[float]:
@@ -121,7 +151,8 @@ def plan(
     if chosen is not None and gpu_hour_cost is not None:
         cost = (chosen.workers + spare_gpus) * gpu_hour_cost / (items * 3600) * 1e6
     return PlanResult(rps, inputs_per_request, max_batch, latency, target, floor, spare_gpus,
-                      chosen, tuple(tried[n] for n in sorted(tried)), window, cost, why)
+                      chosen, tuple(tried[n] for n in sorted(tried)), window, cost, why,
+                      front_door(rps, inputs_per_request))
 
 
 def _search(trial: Callable[[int], Simulation], floor: int, target: float) -> Simulation | None:
@@ -176,6 +207,17 @@ def format_plan(r: PlanResult) -> str:
                   f"mean_fill: {c.mean_fill:.1f}", f"simulated_s: {r.duration_s:g}"]
         if r.cost_per_million is not None:
             lines.append(f"cost_per_million: {r.cost_per_million:.4f}")
+    if (f := r.front) is not None:
+        lines += [
+            f"# front door: {SINGLE_CPU_MS:g} ms of CPU per request in one process; in a cell "
+            f"{GATEWAY_CPU_MS:g} ms per request in a gateway and {CORE_CPU_MS:g} ms in the "
+            f"core; each process planned at {BUSY:.0%} of a core",
+            f"gateways: {f.gateways}", f"front_door_cores: {f.cores}",
+            f"core_process_load: {f.core_load:.2f}",
+        ]
+        if f.core_load > BUSY:
+            lines.append(f"# the one core process would be {f.core_load:.0%} busy: past "
+                         "what one host's front door serves; split the traffic over hosts")
     return "\n".join(lines)
 
 
@@ -219,8 +261,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m api.plan") ->
     return run_args(args, parser.prog)
 
 
-__all__ = ["PlanResult", "Simulation", "add_arguments", "floor_gpus", "format_plan", "main",
-           "plan", "poisson", "run_args", "simulate"]
+__all__ = ["FrontDoor", "PlanResult", "Simulation", "add_arguments", "floor_gpus",
+           "format_plan", "front_door", "main", "plan", "poisson", "run_args", "simulate"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,11 +33,13 @@ class Scenario:
     rps: float
     workers: int
     idle_trigger: bool | None  # None: the server's default
+    gateways: int = 1  # HTTP gateway processes in front of the core (1: a single process)
 
     @property
     def name(self) -> str:
         idle = {None: "", True: " idle=on", False: " idle=off"}[self.idle_trigger]
-        return f"{self.rps:.0f}rps/{self.workers}w{idle}"
+        cell = f" gw={self.gateways}" if self.gateways > 1 else ""
+        return f"{self.rps:.0f}rps/{self.workers}w{idle}{cell}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,8 @@ class Row:
     mean_fill: float
     mean_batch_ms: float
     flushes: dict[str, int]
-    server_cpu_ms_per_req: float
+    server_cpu_ms_per_req: float  # the core process (in a single process, all the HTTP too)
+    gateway_cpu_ms_per_req: float  # the gateway processes together (0 in a single process)
     workers_cpu_ms_per_req: float
     client_cpu_pct: float
     ok: int
@@ -71,30 +75,44 @@ def measure(
     """Start a server, warm it, then probe once between two reads of /metrics and CPU."""
     args = [] if s.idle_trigger is None else ["--idle-trigger", str(s.idle_trigger).lower()]
     args += ["--keys", str(keys_file)] if keys_file else []
+    args += ["--gateways", str(s.gateways), "--admin-key", ADMIN_KEY]
     classes = (TrafficClass.bearer("paid" if key else "anonymous", key),)
     with running_server(s.workers, "sim", args) as srv:
         if warmup_s > 0:
             warm = ProbeConfig(srv.url, s.rps, warmup_s, classes=classes, timeout_s=5.0)
             asyncio.run(run_probe(warm))
         before = fetch_metrics(srv.url)  # scrapes stay outside the CPU window
-        cpu0, wcpu0 = _cpu(srv)
+        gateways = _gateway_pids(srv)
+        cpu0 = _cpu(srv, gateways)
         client0 = time.process_time()
         cfg = ProbeConfig(srv.url, s.rps, duration_s, classes=classes, timeout_s=10.0)
         result = asyncio.run(run_probe(cfg))
         client = time.process_time() - client0
-        cpu1, wcpu1 = _cpu(srv)
+        cpu1 = _cpu(srv, gateways)
         after = fetch_metrics(srv.url)
-    return _row(s, result, before, after, cpu1 - cpu0, wcpu1 - wcpu0, client)
+    spent = (cpu1[0] - cpu0[0], cpu1[1] - cpu0[1], cpu1[2] - cpu0[2])
+    return _row(s, result, before, after, spent, client)
 
 
-def _cpu(srv: RunningServer) -> tuple[float, float]:
-    """CPU seconds of the gateway process alone, and of its workers together."""
-    return cpu_seconds(srv.pid), cpu_seconds(srv.pid, children=True)
+ADMIN_KEY = "bench-admin"
+
+
+def _gateway_pids(srv: RunningServer) -> list[int]:
+    request = urllib.request.Request(
+        srv.url + "/admin/workers", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return [g["pid"] for g in orjson.loads(resp.read())["gateways"] if g["pid"]]
+
+
+def _cpu(srv: RunningServer, gateways: list[int]) -> tuple[float, float, float]:
+    """CPU seconds of the core process, of its gateway processes, of its workers."""
+    gw = sum(cpu_seconds(pid) for pid in gateways)
+    return cpu_seconds(srv.pid), gw, cpu_seconds(srv.pid, children=True) - gw
 
 
 def _row(
     s: Scenario, r: ProbeResult, before: dict[str, float], after: dict[str, float],
-    cpu: float, workers_cpu: float, client: float,
+    cpu: tuple[float, float, float], client: float,
 ) -> Row:
     def delta(name: str, **labels: str) -> float:
         return metric(after, name, **labels) - metric(before, name, **labels)
@@ -109,8 +127,9 @@ def _row(
         mean_batch_ms=delta("batchgate_batch_duration_seconds_sum") * 1e3 / batches
         if batches else 0.0,
         flushes={k: int(delta("batchgate_batch_flush_total", reason=k)) for k in REASONS},
-        server_cpu_ms_per_req=cpu * 1e3 / answered,
-        workers_cpu_ms_per_req=workers_cpu * 1e3 / answered,
+        server_cpu_ms_per_req=cpu[0] * 1e3 / answered,
+        gateway_cpu_ms_per_req=cpu[1] * 1e3 / answered,
+        workers_cpu_ms_per_req=cpu[2] * 1e3 / answered,
         client_cpu_pct=100 * client / r.wall_s, ok=r.ok, wrong=r.wrong, lost=r.lost,
         errors=r.rejected + r.shed + r.lost, statuses=dict(r.statuses),
         error_kinds=dict(r.errors), lag_p95_ms=r.lag.p95 * 1e3,
@@ -121,6 +140,7 @@ def _row(
 HEADER = (
     f"{'scenario':<20} {'wk':>2} {'offer':>6} {'sent':>6} {'achvd':>6} {'p50':>6} {'p95':>6} "
     f"{'p99':>6} {'fill':>5} {'batch':>5} {'flush f/t/i/r':<17} {'srv ms/req':>10} "
+    f"{'gw ms/req':>9} "
     f"{'wk ms/req':>9} {'cli cpu':>7} {'wrong':>5} {'lost':>5} {'err':>5} gen (lag p95)"
 )
 
@@ -132,6 +152,7 @@ def format_row(r: Row) -> str:
         f"{r.scenario:<20} {r.workers:>2} {r.offered_rps:>6.0f} {r.sent_rps:>6.0f} "
         f"{r.achieved_rps:>6.0f} {r.p50_ms:>6.1f} {r.p95_ms:>6.1f} {r.p99_ms:>6.1f} "
         f"{r.mean_fill:>5.1f} {r.mean_batch_ms:>5.1f} {flush:<17} {r.server_cpu_ms_per_req:>10.3f} "
+        f"{r.gateway_cpu_ms_per_req:>9.3f} "
         f"{r.workers_cpu_ms_per_req:>9.3f} {r.client_cpu_pct:>6.0f}% {r.wrong:>5} {r.lost:>5} "
         f"{r.errors:>5} {gen} ({r.lag_p95_ms:.1f} ms){_detail(r)}"
     )
@@ -144,15 +165,18 @@ def _detail(r: Row) -> str:
     return f" [{' '.join(parts)}]" if parts else ""
 
 
-def scenarios(rates: Sequence[str], workers: int, idle: str) -> list[Scenario]:
-    """`RPS@WORKERS` specs (a bare RPS uses `workers`), each once per idle-trigger setting."""
+def scenarios(rates: Sequence[str], workers: int, idle: str,
+              gateways: Sequence[int] = (1,)) -> list[Scenario]:
+    """`RPS@WORKERS` specs (a bare RPS uses `workers`), each once per idle-trigger setting
+    and gateway count."""
     choices: dict[str, list[bool | None]] = {
         "default": [None], "on": [True], "off": [False], "both": [True, False]}
     settings = choices[idle]
     out = []
     for spec in rates:
         rps, _, w = spec.partition("@")
-        out += [Scenario(float(rps), int(w or workers), t) for t in settings]
+        out += [Scenario(float(rps), int(w or workers), t, g) for t in settings
+                for g in gateways]
     return out
 
 
@@ -166,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--idle-trigger", choices=["default", "on", "off", "both"], default="default")
     p.add_argument("--key", default="paid-demo-key", help="bearer key sent ('' for none)")
     p.add_argument("--keys-file", type=Path, default=KEYS_FILE, help="server's --keys")
+    p.add_argument("--gateways", type=int, nargs="+", default=[1],
+                   help="gateway process counts to run each rate with (serve --gateways)")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON")
     a = p.parse_args(argv)
     duration, warmup = (3.0, 1.0) if a.quick else (a.duration, a.warmup)
@@ -174,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{a.key or 'none'}; latency from the scheduled send; floor 100 ms, capacity "
           "1,000 items/s per worker; generator in this process, sharing the cores")
     print(HEADER, flush=True)
-    for s in scenarios(a.rates, a.workers, a.idle_trigger):
+    for s in scenarios(a.rates, a.workers, a.idle_trigger, a.gateways):
         rows.append(measure(s, duration, warmup, a.key or None, a.keys_file))
         print(format_row(rows[-1]), flush=True)
     if a.json:

@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from api.plan import floor_gpus, main, plan, poisson, simulate
+from api.plan import (
+    BUSY,
+    CORE_CPU_MS,
+    GATEWAY_CPU_MS,
+    floor_gpus,
+    front_door,
+    main,
+    plan,
+    poisson,
+    simulate,
+)
 from batcher import FlushPolicy
 
 BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
@@ -119,3 +129,22 @@ def test_the_old_module_path_still_runs_the_planner() -> None:
     import loadtest.plan
 
     assert loadtest.plan.main is main
+
+
+def test_the_front_door_is_one_process_at_low_load_and_a_cell_at_10000_rps() -> None:
+    low = front_door(1000)
+    assert (low.gateways, low.cores) == (1, 1)
+    high = front_door(10_000)
+    # Each gateway is planned at BUSY of a core: together they carry every request's HTTP.
+    assert high.gateways >= 10_000 * GATEWAY_CPU_MS / 1000 / BUSY
+    assert high.cores == high.gateways + 1
+    assert high.core_load == pytest.approx(10_000 * CORE_CPU_MS / 1000)  # one process: one core
+    assert front_door(20_000).gateways > high.gateways
+
+
+def test_plan_prints_the_front_door(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--rps", "10000", "--duration-s", "2"]) == 0
+    lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines()
+                 if not line.startswith("#"))
+    assert int(lines["gateways"]) == front_door(10_000).gateways
+    assert int(lines["front_door_cores"]) == int(lines["gateways"]) + 1
