@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,7 +19,13 @@ from starlette.responses import Response
 from api.auth import Unauthorized
 from api.limits import RateLimited
 from batcher import BatchgateError, Closed, DeadlineExceeded, Overloaded, QueueFull
-from failover import IdempotencyMismatch, ModelError, NoHealthyWorker, WorkerCrashed
+from failover import (
+    ContractViolation,
+    IdempotencyMismatch,
+    ModelError,
+    NoHealthyWorker,
+    WorkerCrashed,
+)
 
 log = logging.getLogger("batchgate.api")
 
@@ -112,8 +119,15 @@ def to_api_error(exc: BaseException) -> ApiError:
             return ApiError(503, exc.code, str(exc), retry_after(1))
         case IdempotencyMismatch():
             return ApiError(422, exc.code, str(exc))
+        case ContractViolation():
+            return ApiError(500, exc.code, str(exc))  # our own words: counts and types
         case ModelError():
-            return ApiError(500, exc.code, str(exc))
+            # The model's message may quote its whole batch: other callers' inputs. It goes
+            # to the server log under an id; the client gets the id.
+            error_id = os.urandom(6).hex()
+            log.warning("model error %s: %s", error_id, exc)
+            return ApiError(500, exc.code, f"the model raised {exc.error_type} on this input "
+                                           f"(error id {error_id}, in the server log)")
         case BatchgateError():
             return ApiError(500, exc.code, str(exc))
     log.error("unexpected error while serving a request", exc_info=exc)

@@ -2,7 +2,9 @@
 
 Cancelled items (client gone, deadline passed) stay in their deque until they reach its
 head, where they are trimmed: removal from the middle of a deque is O(n), and a flag is
-O(1). Counts always reflect live items only.
+O(1). Counts always reflect live items only. So that memory stays bounded by the caps
+however items leave (a busy pool and clients that all give up), a lane whose deque holds
+more than twice its live items is compacted: amortised O(1) per cancellation.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from batcher.types import Item, Lane, Tier
 class QueueStatistics:
     depth: dict[str, int]
     total: int
+    held: int  # items in memory, cancelled ones not yet trimmed included
+
+
+COMPACT_SLACK = 64  # cancelled items a lane may hold beyond its live ones, at the least
 
 
 class TierQueues:
@@ -73,10 +79,14 @@ class TierQueues:
         if item.cancelled:
             return
         item.cancelled = True
-        if item.lane >= 0:
-            self._live[item.lane] -= 1
+        lane = item.lane
+        if lane >= 0:
+            self._live[lane] -= 1
             self._total -= 1
             item.lane = -1
+            dq = self._lanes[lane]
+            if len(dq) > 2 * self._live[lane] + COMPACT_SLACK:
+                self._lanes[lane] = deque(i for i in dq if not i.cancelled)
 
     def oldest(self) -> Item | None:
         """The live item that has waited longest, over all lanes (retry items count too)."""
@@ -128,7 +138,8 @@ class TierQueues:
 
     def statistics(self) -> QueueStatistics:
         depth = {lane.label: self._live[lane] for lane in Lane}
-        return QueueStatistics(depth=depth, total=sum(self._live))
+        return QueueStatistics(depth=depth, total=sum(self._live),
+                               held=sum(len(dq) for dq in self._lanes))
 
     def _head(self, lane: Lane) -> Item | None:
         dq = self._lanes[lane]

@@ -29,6 +29,7 @@ class ModelError(BatchgateError):
     """The model raised on this item; carries the exception type, never a traceback."""
 
     code = "model_error"
+    error_type = "Exception"  # the model's exception class name
 
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(f"{error_type}: {message}")

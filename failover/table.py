@@ -150,15 +150,23 @@ class InFlightTable:
         return self._failed(batch, error)
 
     def _failed(self, batch: InFlight, error: ModelError) -> Actions:
+        """Fail only the items that fail alone. Halve while the lineage's budget lasts (one
+        poison input among 100 costs ~14 runs); past it, run what is left one by one, so
+        that many poison inputs cost at most one run per input and never an innocent's
+        answer."""
         items = [i for i in batch.items if not i.cancelled]
-        lineage = batch.lineage or _Lineage(self._bisect_budget)
-        if len(items) <= 1 or lineage.budget < 2:
+        if len(items) <= 1:
             self._model_errors += len(items)
             return Actions(deliver=[(i, error) for i in items], freed=True)
-        lineage.budget -= 2
-        self._bisect_runs += 2
-        half = len(items) // 2
-        self._groups.extend(((items[:half], lineage), (items[half:], lineage)))
+        lineage = batch.lineage or _Lineage(self._bisect_budget)
+        if lineage.budget >= 2:
+            lineage.budget -= 2
+            half = len(items) // 2
+            groups = [items[:half], items[half:]]
+        else:
+            groups = [[item] for item in items]
+        self._bisect_runs += len(groups)
+        self._groups.extend((group, lineage) for group in groups)
         return Actions(freed=True)
 
     def _take(self, worker: WorkerId, batch_id: BatchId) -> InFlight | None:

@@ -14,6 +14,14 @@ def poison(inputs: list[str]) -> list[str]:
     return [s[::-1] for s in inputs]
 
 
+def leaky_poison(inputs: list[str]) -> list[str]:
+    """A careless model: raises on any batch holding an input that starts with "boom", and
+    quotes the whole batch (everyone's inputs) in its message."""
+    if any(s.startswith("boom") for s in inputs):
+        raise ValueError(f"cannot handle batch {inputs!r}")
+    return [s[::-1] for s in inputs]
+
+
 def counting(inputs: list[str]) -> list[str]:
     """Append one line per input to $BATCHGATE_TEST_COUNT_FILE, so a test counts model runs."""
     path = os.environ["BATCHGATE_TEST_COUNT_FILE"]

@@ -1,6 +1,7 @@
 import pytest
 
 from batcher import Item, ItemId, Lane, QueueFull, Tier, TierQueues
+from batcher.queues import COMPACT_SLACK
 
 
 class Sink:
@@ -62,6 +63,21 @@ def test_cancelled_items_stop_counting_at_once_and_never_pop() -> None:
     assert q.oldest() is b
     batch, _ = q.pop_batch(10, now=0.0)
     assert batch == [b]
+
+
+def test_memory_stays_bounded_by_the_caps_however_items_leave() -> None:
+    """Clients that all give up while no worker frees up: their items must not pile up."""
+    q, cap = queues(cap=10), 10
+    keep = item(0)
+    q.put_nowait(keep)  # never cancelled: the lane's head never trims the rest
+    for n in range(1, 5_000):
+        doomed = item(n)
+        q.put_nowait(doomed)
+        q.cancel(doomed)
+        assert q.statistics().held <= 2 * cap + COMPACT_SLACK + 1
+    assert len(q) == 1
+    batch, _ = q.pop_batch(10, now=0.0)
+    assert batch == [keep]
 
 
 def test_cancelling_twice_or_after_pop_changes_nothing() -> None:

@@ -68,6 +68,23 @@ async def test_one_poison_input_fails_alone_in_a_batch_of_51() -> None:
         assert metric(m, "batchgate_bisect_runs_total") <= 16
 
 
+async def test_poison_inputs_never_fail_or_reveal_the_inputs_they_shared_a_batch_with() -> None:
+    args = [*KEYS, "--model", "tests.models:leaky_poison", "--max-wait-ms", "1000"]
+    with running_server(workers=1, args=args) as srv:
+        texts = [t for i in range(16) for t in (f"boom-{i}", f"victim-secret-{i}")]
+        responses = await post_many(srv.url, [{"input": t} for t in texts], PAID)
+        for text, response in zip(texts, responses, strict=True):
+            if text.startswith("victim"):
+                assert response.status_code == 200 and response.json()["output"] == text[::-1]
+                continue
+            assert response.status_code == 500 and "victim" not in response.text
+            error = response.json()["error"]
+            assert error["code"] == "model_error" and "ValueError" in error["message"]
+            error_id = error["message"].split("error id ")[1].split(",")[0]
+            logged = [line for line in srv.log_tail(2000).splitlines() if error_id in line]
+            assert logged and "cannot handle batch" in logged[0]  # the operator sees it all
+
+
 async def test_twenty_requests_with_one_key_run_the_model_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

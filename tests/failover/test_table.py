@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -82,18 +84,44 @@ def test_bisection_isolates_one_poison_item() -> None:
     assert failed == [poison.id]
 
 
-def test_bisection_work_is_bounded_for_a_model_that_always_fails() -> None:
-    sink, table = Sink(), InFlightTable(bisect_budget=16)
+def run_all(table: InFlightTable, items: list[Item], fails: Callable[[str], bool]) -> int:
+    """Run `items` as one batch and every group bisected from it; the model raises on any
+    batch holding an input that `fails`. Returns the number of runs."""
     table.worker_up(WorkerId(1))
-    d = table.assign(make_items(sink, 0, 100), now=0.0, hang_timeout=5.0)
+    d = table.assign(items, now=0.0, hang_timeout=5.0)
     runs = 0
     while d is not None:
         runs += 1
-        actions = table.on_error(d.worker, d.batch_id, ModelError("RuntimeError", "no"))
+        if any(fails(t) for t in d.texts):
+            actions = table.on_error(d.worker, d.batch_id, ModelError("ValueError", "no"))
+        else:
+            actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in d.texts))
         for item, result in actions.deliver:
             item.settle(result)
         d = table.next_group(now=0.0, hang_timeout=5.0)
-    assert runs <= 1 + 16 and len(sink.got) == 100
+    return runs
+
+
+def test_bisection_work_is_bounded_for_a_model_that_always_fails() -> None:
+    sink = Sink()
+    runs = run_all(InFlightTable(bisect_budget=16), make_items(sink, 0, 100), lambda t: True)
+    assert runs <= 1 + 16 + 100  # the budget's halvings, then at most one run per input
+    assert len(sink.got) == 100 and all(isinstance(v[0], ModelError) for v in sink.got.values())
+
+
+@pytest.mark.parametrize("poisoned", [1, 16, 50])
+def test_every_innocent_item_is_answered_however_many_inputs_are_poison(poisoned: int) -> None:
+    sink = Sink()
+    items = make_items(sink, 0, 2 * poisoned)
+    bad = {i.text for i in items[::2]}  # interleaved: every other input is poison
+    runs = run_all(InFlightTable(bisect_budget=16), items, lambda t: t in bad)
+    assert runs <= 1 + 16 + len(items)
+    for item in items:
+        (result,) = sink.got[item.id]
+        if item.text in bad:
+            assert isinstance(result, ModelError)
+        else:
+            assert result == item.text[::-1]
 
 
 def test_hung_batches_are_reported_after_their_deadline() -> None:
