@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
+from anyio.abc import TaskStatus
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -41,7 +43,7 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
         unwatch = metrics.watch_gc()
         try:
             async with anyio.create_task_group() as tg:
-                await tg.start(service.run)
+                await tg.start(supervised, service.run, os._exit)
                 settle_heap()
                 yield
                 log.info("draining")
@@ -73,6 +75,40 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
         lifespan=lifespan,
     )
     return with_fast_path(app, routes.batchstring)
+
+
+EXIT_CORE_FAILED = 70  # EX_SOFTWARE: the dispatch core stopped on an error
+
+
+class _Watched:
+    """A task status that remembers whether the task reported itself started."""
+
+    def __init__(self, outer: TaskStatus[None]) -> None:
+        self.outer, self.up = outer, False
+
+    def started(self, value: None = None) -> None:
+        self.up = True
+        self.outer.started(value)
+
+
+async def supervised(
+    run: Callable[..., Awaitable[None]], die: Callable[[int], object],
+    *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the service; once it is up, its failure ends the process. The lifespan's task
+    group cannot: it sits at `yield` while uvicorn serves, so a dead pool or owner once
+    left a server answering 503 forever with /healthz at 200. A non-zero exit lets whatever
+    supervises the server restart it. A failure while starting still raises (uvicorn then
+    reports the lifespan's failure and exits)."""
+    watched = _Watched(task_status)
+    try:
+        await run(task_status=watched)
+    except Exception:
+        if not watched.up:
+            raise
+        log.critical("the dispatch core stopped on an error; exiting with status %d so that "
+                     "a supervisor restarts the server", EXIT_CORE_FAILED, exc_info=True)
+        die(EXIT_CORE_FAILED)
 
 
 GC_THRESHOLDS = (5_000, 10, 100)

@@ -166,7 +166,7 @@ def _uvloop_runner() -> Any:
 
 
 async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: str) -> None:
-    from api.app import settle_heap
+    from api.app import settle_heap, supervised
     from api.auth import load_keys
     from api.door import Door
     from api.link import LinkServer
@@ -186,7 +186,7 @@ async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: s
     unwatch = metrics.watch_gc()
     try:
         async with anyio.create_task_group() as tg:
-            await tg.start(service.run)
+            await tg.start(supervised, service.run, os._exit)
             await server.start(link)
             settle_heap()
             gateways.start()

@@ -231,7 +231,11 @@ class WorkerPool:
             threads=max(1, (os.cpu_count() or 1) // self._settings.workers),
             latency_floor=self._settings.latency_floor,
         )
-        parent, child = self._ctx.Pipe()
+        try:
+            parent, child = self._ctx.Pipe()
+        except OSError as exc:
+            self._spawn_failed(slot, exc)
+            return
         process = self._ctx.Process(
             target=worker_main, args=(child, config), name=f"batchgate-worker-{slot.index}",
             daemon=True,
@@ -240,7 +244,15 @@ class WorkerPool:
         slot.state, slot.device = WorkerState.STARTING, "-"
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
         self._by_worker[worker] = slot
-        await anyio.to_thread.run_sync(process.start)
+        try:
+            await anyio.to_thread.run_sync(process.start)
+        except OSError as exc:
+            parent.close()
+            child.close()
+            slot.process = slot.conn = None
+            del self._by_worker[worker]
+            self._spawn_failed(slot, exc)
+            return
         child.close()
         loop = asyncio.get_running_loop()
         loop.add_reader(parent.fileno(), self._on_readable, slot, worker)
@@ -251,6 +263,20 @@ class WorkerPool:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       self._settings.ready_timeout)
             process.kill()
+
+    def _spawn_failed(self, slot: _Slot, exc: OSError) -> None:
+        """Out of descriptors, processes or memory: the slot is retried like a crash, with
+        its backoff, for as long as it takes (a failure here once tore the pool down and
+        left a server that answered 503 forever)."""
+        slot.failures += 1
+        slot.restarts += 1
+        slot.state = WorkerState.DEAD
+        delay = self._settings.restart_delay(slot.failures)
+        log.error("could not start a worker in slot %d (%s); retrying in %.1fs",
+                  slot.index, exc, delay)
+        self._signal_change()
+        if not self._stopping:
+            self._restart_send.send_nowait(slot.index)
 
     def _on_readable(self, slot: _Slot, worker: WorkerId) -> None:
         conn = slot.conn

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -173,3 +175,34 @@ async def test_a_worker_that_dies_while_loading_does_not_hold_start_up_back(
             assert await pool.wait_ready(2, within=3600) == 1
         assert (tmp_path / "crashed").exists()
         tg.cancel_scope.cancel()
+
+
+class PipesRunOut:
+    """The spawn context with its first `failures` Pipe() calls refused as EMFILE (the
+    process is out of descriptors), as `ulimit -n` made them in production."""
+
+    def __init__(self, ctx: Any, failures: int) -> None:
+        self.ctx, self.left = ctx, failures
+
+    def Pipe(self) -> Any:  # multiprocessing's name
+        if self.left > 0:
+            self.left -= 1
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.ctx.Pipe()
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:
+        return self.ctx.Process(*args, **kwargs)
+
+
+async def test_a_restart_that_fails_is_retried_with_backoff_until_it_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with running_pool("sim") as (pool, events):
+        pool._ctx = PipesRunOut(pool._ctx, failures=2)  # type: ignore[assignment]
+        (info,) = pool.workers()
+        os.kill(info.pid, signal.SIGKILL)
+        await events.wait_for(lambda: len(events.ready) == 2)  # back, after two refusals
+        assert len(events.died) == 1
+        refused = [r for r in caplog.records if "could not start a worker" in r.message]
+        assert len(refused) == 2
+        assert pool.ready_count() == 1 and pool.workers()[0].restarts == 3
