@@ -78,7 +78,9 @@ class Service:
         )
         self.core = CoreOwner(core, self.pool, self.clock, observer=metrics)
         self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
-            ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries
+            ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries,
+            max_bytes=settings.idempotency_max_bytes,
+            account_share=settings.idempotency_account_share,
         )
         metrics.watch(self.snapshot)
 

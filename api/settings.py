@@ -96,6 +96,10 @@ class Settings:
         "how long idempotent answers are kept"))
     idempotency_max_entries: int = field(default=100_000, metadata=doc(
         "how many idempotent answers are kept"))
+    idempotency_max_bytes: int = field(default=256 << 20, metadata=doc(
+        "memory the kept idempotent answers may take, in bytes"))
+    idempotency_account_share: float = field(default=0.25, metadata=doc(
+        "share of either bound one account may hold: one account cannot evict the rest"))
     access_log: str = field(default="off", metadata=doc(
         "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
@@ -128,6 +132,9 @@ class Settings:
         _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")
         _check(self.idempotency_ttl_s > 0, "idempotency-ttl-s must be > 0")
         _check(self.idempotency_max_entries >= 1, "idempotency-max-entries must be >= 1")
+        _check(self.idempotency_max_bytes >= 1, "idempotency-max-bytes must be >= 1")
+        _check(0 < self.idempotency_account_share <= 1,
+               "idempotency-account-share must be in (0, 1]")
         _check(self.access_log in ACCESS_LOG_FORMATS,
                f"access-log must be off or json, got {self.access_log!r}")
         _check(self.log_level in LOG_LEVELS,

@@ -2,13 +2,17 @@
 
 Plain synchronous code, like the table: `begin` decides whether the caller leads, joins the
 attempt in flight, or replays a stored answer; `complete` records the leader's answer and
-wakes the joiners. Only final answers are kept (2xx and 4xx): a 5xx is dropped so that a
-retry really retries, though the requests that joined that attempt still receive it.
+wakes the joiners. Only what running the request decided is kept (`is_storable`): anything
+else is dropped so that a retry really retries, though the requests that joined that attempt
+still receive it.
 
-Bounds: at most `max_entries` completed answers are held, the oldest evicted first, each for
-`ttl` seconds. Entries in flight are never evicted (their joiners would lose the leader);
-their number is bounded elsewhere, by the queue caps, and they count toward `max_entries`
-only to decide how many completed answers to keep. Time is passed in; nothing reads a clock.
+Bounds, each for `ttl` seconds: at most `max_entries` completed answers and `max_bytes` of
+them in all, and at most `account_share` of either per account (a scope). Each account's
+answers leave oldest first; when the whole store is over, the account holding the most bytes
+gives up its oldest, so one account's traffic never evicts another's while it holds more.
+Entries in flight are never evicted (their joiners would lose the leader); their number is
+bounded elsewhere, by the queue caps, and they count toward `max_entries` only to decide how
+many completed answers to keep. Time is passed in; nothing reads a clock.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import anyio
 from failover.errors import IdempotencyMismatch
 
 Key: TypeAlias = tuple[str, str]  # (scope, idempotency key); a scope is an account
+ENTRY_OVERHEAD = 460  # bytes an entry costs beyond the lengths of its body, key and fingerprint
+# (tracemalloc: ~300 for the Entry, key tuple and dict slots; ~160 for the response object and
+# the headers of the bytes and str objects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,8 @@ class IdempotencyStatistics:
     dropped: int  # 5xx (and abandoned) answers not kept
     evictions: int
     expirations: int
+    bytes: int = 0  # what the completed answers cost, by `ENTRY_OVERHEAD` and their sizes
+    accounts: int = 0  # scopes holding completed answers
 
 
 class IdempotencyStore(Protocol):
@@ -117,15 +126,24 @@ def is_storable(status: int) -> bool:
 class MemoryIdempotencyStore:
     """The embedded default, for a single process. Not thread-safe: call it from the loop."""
 
-    def __init__(self, *, ttl: float, max_entries: int) -> None:
+    def __init__(self, *, ttl: float, max_entries: int, max_bytes: int = 256 << 20,
+                 account_share: float = 0.25) -> None:
         if not ttl > 0:  # also refuses NaN
             raise ValueError(f"ttl must be > 0 seconds, got {ttl}")
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, got {max_bytes}")
+        if not 0 < account_share <= 1:
+            raise ValueError(f"account_share must be in (0, 1], got {account_share}")
         self._ttl = ttl
-        self._max_entries = max_entries
+        self._max_entries, self._max_bytes = max_entries, max_bytes
+        self._account_entries = max(1, int(max_entries * account_share))
+        self._account_bytes = max(1, int(max_bytes * account_share))
         self._in_flight: dict[Key, Entry] = {}
         self._completed: OrderedDict[Key, Entry] = OrderedDict()  # completion order
+        self._accounts: dict[str, _Account] = {}
+        self._bytes = 0
         self._leads = self._replays = self._joins = self._mismatches = 0
         self._dropped = self._evictions = self._expirations = 0
 
@@ -164,6 +182,15 @@ class MemoryIdempotencyStore:
         if is_storable(response.status):
             entry.expires = now + self._ttl
             self._completed[entry.key] = entry
+            account = self._accounts.get(entry.key[0])
+            if account is None:
+                account = self._accounts[entry.key[0]] = _Account()
+            account.entries[entry.key] = entry
+            account.bytes += _cost(entry)
+            self._bytes += _cost(entry)
+            while len(account.entries) > self._account_entries \
+                    or account.bytes > self._account_bytes:
+                self._evict_oldest(account)
             self._evict()
         else:
             self._dropped += 1
@@ -179,16 +206,33 @@ class MemoryIdempotencyStore:
     def _expire(self, now: float) -> None:
         # Completion order is expiry order (one ttl, monotonic now): sweep from the front.
         while self._completed:
-            key, oldest = next(iter(self._completed.items()))
+            oldest = next(iter(self._completed.values()))
             if oldest.expires > now:
                 return
-            del self._completed[key]
+            self._remove(oldest)
             self._expirations += 1
 
     def _evict(self) -> None:
-        while self._completed and len(self._completed) + len(self._in_flight) > self._max_entries:
-            self._completed.popitem(last=False)
-            self._evictions += 1
+        """The whole store is over: the account holding the most bytes gives up its oldest."""
+        while self._completed and (
+            len(self._completed) + len(self._in_flight) > self._max_entries
+            or self._bytes > self._max_bytes
+        ):
+            self._evict_oldest(max(self._accounts.values(), key=lambda a: a.bytes))
+
+    def _evict_oldest(self, account: _Account) -> None:
+        self._remove(next(iter(account.entries.values())))
+        self._evictions += 1
+
+    def _remove(self, entry: Entry) -> None:
+        del self._completed[entry.key]
+        scope = entry.key[0]
+        account = self._accounts[scope]
+        del account.entries[entry.key]
+        account.bytes -= _cost(entry)
+        self._bytes -= _cost(entry)
+        if not account.entries:
+            del self._accounts[scope]
 
     def statistics(self) -> IdempotencyStatistics:
         return IdempotencyStatistics(
@@ -201,7 +245,26 @@ class MemoryIdempotencyStore:
             dropped=self._dropped,
             evictions=self._evictions,
             expirations=self._expirations,
+            bytes=self._bytes,
+            accounts=len(self._accounts),
         )
+
+
+class _Account:
+    """One scope's completed answers, oldest first, and what they cost."""
+
+    __slots__ = ("bytes", "entries")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[Key, Entry] = OrderedDict()
+        self.bytes = 0
+
+
+def _cost(entry: Entry) -> int:
+    response = entry.response
+    body = len(response.body) if response is not None else 0
+    return ENTRY_OVERHEAD + body + len(entry.key[0]) + len(entry.key[1]) \
+        + len(entry.fingerprint)
 
 
 __all__ = [

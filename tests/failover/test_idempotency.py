@@ -21,6 +21,7 @@ from hypothesis.stateful import (
 
 from failover.errors import IdempotencyMismatch
 from failover.idempotency import (
+    ENTRY_OVERHEAD,
     LEADER_GONE,
     Entry,
     IdempotencyStore,
@@ -128,6 +129,35 @@ def test_the_oldest_completed_entry_is_evicted_first() -> None:
     assert s.statistics().evictions >= 1
 
 
+def test_one_accounts_traffic_never_evicts_another_accounts_answers() -> None:
+    s = MemoryIdempotencyStore(ttl=100.0, max_entries=100, account_share=0.25)
+    quiet = s.begin("quiet", "order-1", b"x", 0.0)
+    assert isinstance(quiet, Lead)
+    s.complete(quiet.entry, OK, 0.0)
+    for i in range(1_000):  # unique keys at the free rate, for ever
+        flood = s.begin("flood", f"k{i}", b"x", 1.0)
+        assert isinstance(flood, Lead)
+        s.complete(flood.entry, OK, 1.0)
+    assert s.begin("quiet", "order-1", b"x", 2.0) == Replay(OK)
+    assert s.statistics().entries == 1 + 25  # the flood keeps its own share only
+
+
+def test_the_store_is_bounded_in_bytes_heaviest_account_first() -> None:
+    big = StoredResponse(200, b"x" * 10_000)
+    s = MemoryIdempotencyStore(ttl=100.0, max_entries=1_000, max_bytes=50_000,
+                               account_share=1.0)
+    small = s.begin("small", "k", b"x", 0.0)
+    assert isinstance(small, Lead)
+    s.complete(small.entry, OK, 0.0)
+    for i in range(20):
+        heavy = s.begin("heavy", f"k{i}", b"x", 1.0)
+        assert isinstance(heavy, Lead)
+        s.complete(heavy.entry, big, 1.0)
+        assert s.statistics().bytes <= 50_000
+    assert s.begin("small", "k", b"x", 2.0) == Replay(OK)  # the heavy one paid for it
+    assert s.statistics().entries == 1 + 4
+
+
 def test_in_flight_entries_are_never_evicted_but_push_completed_ones_out() -> None:
     s = store(max_entries=1)
     s.complete(lead(s, "done"), OK, 0.0)
@@ -161,10 +191,15 @@ def test_completing_twice_is_refused() -> None:
         s.complete(entry, OK, 2.0)
 
 
-@pytest.mark.parametrize(("ttl", "max_entries"), [(0.0, 1), (-1.0, 1), (math.nan, 1), (1.0, 0)])
-def test_settings_are_validated(ttl: float, max_entries: int) -> None:
-    with pytest.raises(ValueError, match=r"ttl|max_entries"):
-        MemoryIdempotencyStore(ttl=ttl, max_entries=max_entries)
+@pytest.mark.parametrize(("ttl", "max_entries", "max_bytes", "share"), [
+    (0.0, 1, 1, 1.0), (-1.0, 1, 1, 1.0), (math.nan, 1, 1, 1.0), (1.0, 0, 1, 1.0),
+    (1.0, 1, 0, 1.0), (1.0, 1, 1, 0.0), (1.0, 1, 1, 1.5),
+])
+def test_settings_are_validated(ttl: float, max_entries: int, max_bytes: int,
+                                share: float) -> None:
+    with pytest.raises(ValueError, match=r"ttl|max_entries|max_bytes|account_share"):
+        MemoryIdempotencyStore(ttl=ttl, max_entries=max_entries, max_bytes=max_bytes,
+                               account_share=share)
 
 
 def test_statistics_count_each_outcome() -> None:
@@ -263,6 +298,7 @@ def test_completion_from_a_plain_asyncio_callback_wakes_joiners() -> None:
 
 # -- every interleaving, in virtual time --------------------------------------------------
 MAX_ENTRIES, TTL = 3, 10.0
+MAX_BYTES, SHARE = 3 * (ENTRY_OVERHEAD + 8), 0.67  # per account: 2 entries, ~2 entries' bytes
 
 
 @dataclass
@@ -271,26 +307,50 @@ class Expected:
     response: StoredResponse | None = None  # None while in flight
     expires: float = math.inf
 
+    def cost(self, key: tuple[str, str]) -> int:
+        assert self.response is not None
+        return ENTRY_OVERHEAD + len(self.response.body) + len(key[0]) + len(key[1]) \
+            + len(self.fingerprint)
+
 
 class StoreMachine(RuleBasedStateMachine):
-    """Drives the store against a plain model of the contract: dicts in completion order."""
+    """Drives the store against a plain model of the contract: every account's answers in
+    completion order, the heaviest account evicted first when the whole store is over."""
 
     leaders = Bundle("leaders")
 
     def __init__(self) -> None:
         super().__init__()
-        self.store = MemoryIdempotencyStore(ttl=TTL, max_entries=MAX_ENTRIES)
+        self.store = MemoryIdempotencyStore(ttl=TTL, max_entries=MAX_ENTRIES,
+                                            max_bytes=MAX_BYTES, account_share=SHARE)
         self.now = 0.0
         self.serial = 0
-        self.model: dict[tuple[str, str], Expected] = {}  # insertion = lead/completion order
+        self.model: dict[tuple[str, str], Expected] = {}
+        self.accounts: dict[str, list[tuple[str, str]]] = {}  # completed keys, oldest first
 
-    def settle_model(self) -> None:
-        for k, e in list(self.model.items()):
-            if e.expires <= self.now:
-                del self.model[k]
-        done = [k for k, e in self.model.items() if e.response is not None]
-        while done and len(self.model) > MAX_ENTRIES:
-            del self.model[done.pop(0)]
+    def drop(self, key: tuple[str, str]) -> None:
+        del self.model[key]
+        keys = self.accounts[key[0]]
+        keys.remove(key)
+        if not keys:
+            del self.accounts[key[0]]
+
+    def bytes_of(self, scope: str) -> int:
+        return sum(self.model[k].cost(k) for k in self.accounts[scope])
+
+    def expire(self) -> None:
+        for k in [k for keys in self.accounts.values() for k in keys]:
+            if self.model[k].expires <= self.now:
+                self.drop(k)
+
+    def evict_over_the_whole(self) -> None:
+        def over() -> bool:
+            total = sum(self.bytes_of(a) for a in self.accounts)
+            return len(self.model) > MAX_ENTRIES or total > MAX_BYTES
+
+        while self.accounts and over():
+            heaviest = max(self.accounts, key=self.bytes_of)
+            self.drop(self.accounts[heaviest][0])
 
     @rule(
         target=leaders,
@@ -299,7 +359,7 @@ class StoreMachine(RuleBasedStateMachine):
         body=st.sampled_from([b"x", b"y"]),
     )
     def begin(self, scope: str, key: str, body: bytes) -> object:
-        self.settle_model()
+        self.expire()
         live = self.model.get((scope, key))
         if live is not None and live.fingerprint != body:
             with pytest.raises(IdempotencyMismatch):
@@ -309,7 +369,7 @@ class StoreMachine(RuleBasedStateMachine):
         if live is None:
             assert isinstance(begun, Lead), "a second leader for a live key"
             self.model[(scope, key)] = Expected(body)
-            self.settle_model()
+            self.evict_over_the_whole()
             return begun.entry
         if live.response is None:
             assert isinstance(begun, Join)
@@ -324,17 +384,24 @@ class StoreMachine(RuleBasedStateMachine):
         response = StoredResponse(status, str(self.serial).encode())
         self.store.complete(entry, response, self.now)
         assert entry.response == response  # what every joiner wakes up to
+        self.expire()
         expected = self.model.pop(entry.key)
         if status < 500:
             self.model[entry.key] = Expected(expected.fingerprint, response, self.now + TTL)
-        self.settle_model()
+            scope = entry.key[0]
+            keys = self.accounts.setdefault(scope, [])
+            keys.append(entry.key)
+            while len(keys) > int(MAX_ENTRIES * SHARE) \
+                    or self.bytes_of(scope) > int(MAX_BYTES * SHARE):
+                self.drop(keys[0])
+            self.evict_over_the_whole()
 
     @rule(entry=consumes(leaders))
     def abandon(self, entry: Entry) -> None:
         self.store.abandon(entry, self.now)
         assert entry.response is LEADER_GONE
+        self.expire()
         del self.model[entry.key]
-        self.settle_model()
 
     @rule(dt=st.sampled_from([0.0, 1.0, 4.0, 11.0]))
     def advance(self, dt: float) -> None:
@@ -343,8 +410,10 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def completed_entries_stay_bounded(self) -> None:
         stats = self.store.statistics()
-        assert stats.entries <= MAX_ENTRIES
+        assert stats.entries <= MAX_ENTRIES and stats.bytes <= MAX_BYTES
         assert stats.in_flight == sum(e.response is None for e in self.model.values())
+        assert stats.entries == sum(len(keys) for keys in self.accounts.values())
+        assert stats.accounts == len(self.accounts)
 
 
 StoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
