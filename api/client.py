@@ -21,7 +21,7 @@ that mirrors its error code:
     │   └── IdempotencyKeyReused     idempotency_key_reused
     ├── RateLimited             429  retried
     ├── ServerError             500  internal
-    │   └── ModelError               model_error, contract_violation
+    │   └── ModelError               model_error, contract_violation, query_of_death
     ├── Unavailable             503  retried
     │   ├── Overloaded               over_budget, overloaded, deadline_unreachable, queue_full
     │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down
@@ -121,7 +121,7 @@ BY_STATUS: dict[int, type[BatchgateError]] = {
                           DeadlineExceeded)}
 BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
-    "model_error": ModelError, "contract_violation": ModelError,
+    **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
     **dict.fromkeys(("over_budget", "overloaded", "deadline_unreachable", "queue_full"),
                     Overloaded),
     **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down"),

@@ -24,6 +24,7 @@ from failover import (
     IdempotencyMismatch,
     ModelError,
     NoHealthyWorker,
+    QueryOfDeath,
     WorkerCrashed,
 )
 
@@ -56,6 +57,8 @@ ERRORS: dict[str, ErrorCode] = {
     "client_closed": ErrorCode(499, "the client left; its items were withdrawn unrun"),
     "model_error": ErrorCode(500, "the model raised on this input (isolated by bisection)"),
     "contract_violation": ErrorCode(500, "the model broke the contract"),
+    "query_of_death": ErrorCode(500, "run alone, this input killed its worker; refused on "
+                                     "sight for 10 minutes"),
     "internal": ErrorCode(500, "a bug: nothing more is said"),
     "over_budget": ErrorCode(503, "admission: the expected wait exceeds the tier's budget"),
     "overloaded": ErrorCode(503, "admission refused the request"),
@@ -119,8 +122,8 @@ def to_api_error(exc: BaseException) -> ApiError:
             return ApiError(503, exc.code, str(exc), retry_after(1))
         case IdempotencyMismatch():
             return ApiError(422, exc.code, str(exc))
-        case ContractViolation():
-            return ApiError(500, exc.code, str(exc))  # our own words: counts and types
+        case ContractViolation() | QueryOfDeath():
+            return ApiError(500, exc.code, str(exc))  # our own words
         case ModelError():
             # The model's message may quote its whole batch: other callers' inputs. It goes
             # to the server log under an id; the client gets the id.

@@ -76,8 +76,8 @@ class Settings:
     batch_latency_ms: float | None = field(default=None, metadata=doc(
         "pad every batch to at least this long (emulates the GPU's fixed latency)",
         shown="100 for sim, else 0"))
-    max_attempts: int = field(default=3, metadata=doc(
-        "runs of an item whose worker keeps dying, then 503 worker_crashed"))
+    max_attempts: int = field(default=12, metadata=doc(
+        "deaths of an item's worker, isolation included, then 503 worker_crashed"))
     hang_timeout_ms: float | None = field(default=None, metadata=doc(
         "a batch running longer gets its worker killed and is re-routed",
         shown="max(10 x batch latency floor, 5 s)"))

@@ -1,6 +1,6 @@
 """The dispatch core and its owner: hands batches to workers, answers each item exactly
-once, re-routes the items of a dead worker, isolates poison inputs, and remembers
-idempotent requests.
+once, re-routes the items of a dead worker, isolates poison inputs and inputs that kill
+their worker (`Quarantine`), and remembers idempotent requests.
 
 `DispatchCore` is the synchronous state machine (batcher + in-flight table); `CoreOwner`
 is the one task that feeds it events and performs its actions.
@@ -12,6 +12,7 @@ from failover.errors import (
     IdempotencyMismatch,
     ModelError,
     NoHealthyWorker,
+    QueryOfDeath,
     WorkerCrashed,
 )
 from failover.idempotency import (
@@ -28,6 +29,7 @@ from failover.idempotency import (
     is_storable,
 )
 from failover.owner import CoreObserver, CoreOwner
+from failover.quarantine import Quarantine
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
 
 __all__ = [
@@ -52,6 +54,8 @@ __all__ = [
     "MemoryIdempotencyStore",
     "ModelError",
     "NoHealthyWorker",
+    "Quarantine",
+    "QueryOfDeath",
     "Replay",
     "Send",
     "StoredResponse",

@@ -28,7 +28,8 @@ from batcher import (
     Item,
     Tier,
 )
-from failover.errors import ContractViolation, ModelError, NoHealthyWorker
+from failover.errors import ContractViolation, ModelError, NoHealthyWorker, QueryOfDeath
+from failover.quarantine import Quarantine
 from failover.table import InFlightTable, TableStatistics
 from gpu_pool import Err, Ok, Run, WorkerId
 
@@ -85,15 +86,19 @@ class DispatchCore:
         self._sent_at: dict[WorkerId, float] = {}
         self._busy_seconds = 0.0
         self._hangs = 0
+        self._quarantine = Quarantine()
 
     # -- the front door's events -----------------------------------------------------------
     def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
-        """Queue a request's items or refuse them all (raises Closed, Overloaded, QueueFull).
+        """Queue a request's items or refuse them all (raises Closed, Overloaded, QueueFull,
+        and QueryOfDeath for an input in quarantine).
 
         Returns True when the arrival can change a decision now (a worker is idle and the
         queue was empty, is full, or the idle trigger would fire): the owner must take a
         turn. Under load two workers are often idle while the trigger holds back, and a turn
         for every arrival then cost the core process more than the dispatch itself."""
+        if self._quarantine and self._quarantine.holds((i.text for i in items), now):
+            raise QueryOfDeath("this input killed a worker when run alone; refused for a while")
         was_empty = len(self._batcher) == 0
         self._batcher.admit(items, deadline_in, now, self._table.ready_count())
         idle = self._table.idle_count()
@@ -139,6 +144,9 @@ class DispatchCore:
     def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
         self._stop_clock(worker, now)
         actions = self._table.on_worker_died(worker)
+        for item, result in actions.deliver:
+            if isinstance(result, QueryOfDeath):
+                self._quarantine.add(item.text, now)
         if actions.retry:
             self._batcher.push_retry(actions.retry, now)
         out = CoreActions(settle=list(actions.deliver))

@@ -3,6 +3,7 @@
     BatchgateError (batcher.errors)
     ├── WorkerCrashed        table: the item's batch died with its worker `max_attempts` times
     ├── NoHealthyWorker      dispatcher: shut down, or no worker is left to run the item
+    ├── QueryOfDeath         table: run alone, the item killed its worker (refused on sight)
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
     └── IdempotencyMismatch  idempotency: the same key came back with another body
@@ -23,6 +24,13 @@ class NoHealthyWorker(BatchgateError):
     """No worker can take the item (the pool is shutting down or every worker is gone)."""
 
     code = "no_healthy_worker"
+
+
+class QueryOfDeath(BatchgateError):
+    """Run alone, this input killed (or hung) its worker: refused, and for a while refused
+    on sight, by a hash of its text, without reaching a worker."""
+
+    code = "query_of_death"
 
 
 class ModelError(BatchgateError):
@@ -53,5 +61,6 @@ __all__ = [
     "IdempotencyMismatch",
     "ModelError",
     "NoHealthyWorker",
+    "QueryOfDeath",
     "WorkerCrashed",
 ]

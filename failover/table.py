@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from batcher import Item
-from failover.errors import ContractViolation, ModelError, WorkerCrashed
+from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
 from gpu_pool import BatchId, WorkerId
 
 Result = tuple[Item, str | BaseException]
@@ -76,7 +76,7 @@ class TableStatistics:
 
 
 class InFlightTable:
-    def __init__(self, *, max_attempts: int = 3, bisect_budget: int = 16) -> None:
+    def __init__(self, *, max_attempts: int = 12, bisect_budget: int = 16) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self._max_attempts = max_attempts
@@ -158,8 +158,14 @@ class InFlightTable:
         if len(items) <= 1:
             self._model_errors += len(items)
             return Actions(deliver=[(i, error) for i in items], freed=True)
-        lineage = batch.lineage or _Lineage(self._bisect_budget)
-        if lineage.budget >= 2:
+        self._split(items, batch.lineage or _Lineage(self._bisect_budget))
+        return Actions(freed=True)
+
+    def _split(self, items: list[Item], lineage: _Lineage) -> None:
+        """Queue `items` again as two halves (one by one once the budget is spent)."""
+        if len(items) == 1:
+            groups = [items]
+        elif lineage.budget >= 2:
             lineage.budget -= 2
             half = len(items) // 2
             groups = [items[:half], items[half:]]
@@ -167,7 +173,6 @@ class InFlightTable:
             groups = [[item] for item in items]
         self._bisect_runs += len(groups)
         self._groups.extend((group, lineage) for group in groups)
-        return Actions(freed=True)
 
     def _take(self, worker: WorkerId, batch_id: BatchId) -> InFlight | None:
         """Close a batch if (worker, batch_id) is the live dispatch; None if stale."""
@@ -188,15 +193,24 @@ class InFlightTable:
         self._crashes += 1
         batch = self._batches.pop(batch_id)
         actions = Actions()
-        for item in batch.items:
-            if item.cancelled:
-                continue
+        items = [i for i in batch.items if not i.cancelled]
+        suspects: list[Item] = []
+        for item in items:
             item.attempts += 1
             if item.attempts >= self._max_attempts:
                 crashed = WorkerCrashed(f"the item's worker died {item.attempts} times")
                 actions.deliver.append((item, crashed))
+            elif item.attempts >= 2 and len(items) == 1:
+                killer = QueryOfDeath("run alone, this input killed its worker")
+                actions.deliver.append((item, killer))
+            elif item.attempts >= 2:
+                suspects.append(item)
             else:
                 actions.retry.append(item)
+        if suspects:
+            # Died twice: the batch may hold a query of death. Halve it (then halve again)
+            # until the input that kills a worker runs alone; the rest are answered.
+            self._split(suspects, batch.lineage or _Lineage(self._bisect_budget))
         if actions.retry:
             self._reroutes += 1
             self._rerouted_items += len(actions.retry)

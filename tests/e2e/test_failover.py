@@ -85,6 +85,24 @@ async def test_poison_inputs_never_fail_or_reveal_the_inputs_they_shared_a_batch
             assert logged and "cannot handle batch" in logged[0]  # the operator sees it all
 
 
+async def test_an_input_that_kills_its_worker_is_refused_and_then_refused_on_sight() -> None:
+    # One batch of six (no idle trigger, a long wait), one of them a query of death.
+    args = [*KEYS, "--model", "tests.models:crash_on_marker", "--idle-trigger", "false",
+            "--max-wait-ms", "500"]
+    with running_server(workers=4, args=args) as srv:
+        texts = ["CRASH now", *(f"innocent-{i}" for i in range(5))]
+        patient = {**PAID, "X-Request-Timeout-Ms": "60000"}  # ~5 deaths, each a restart
+        responses = await post_many(srv.url, [{"input": t} for t in texts], patient)
+        assert [r.json().get("output") for r in responses[1:]] == [t[::-1] for t in texts[1:]], \
+            [r.text for r in responses]
+        assert responses[0].status_code == 500
+        assert responses[0].json()["error"]["code"] == "query_of_death"
+        crashes = metric(fetch_metrics(srv.url), "batchgate_worker_crashes_total")
+        (again,) = await post_many(srv.url, [{"inputs": ["fine", "CRASH now"]}], PAID)
+        assert again.status_code == 500 and again.json()["error"]["code"] == "query_of_death"
+        assert metric(fetch_metrics(srv.url), "batchgate_worker_crashes_total") == crashes
+
+
 async def test_twenty_requests_with_one_key_run_the_model_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

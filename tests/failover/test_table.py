@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from batcher import Item, ItemId, Tier
-from failover import ContractViolation, InFlightTable, ModelError, WorkerCrashed
+from failover import (
+    ContractViolation,
+    Dispatch,
+    InFlightTable,
+    ModelError,
+    QueryOfDeath,
+    WorkerCrashed,
+)
 from gpu_pool import BatchId, WorkerId
 
 MAX_ATTEMPTS = 3
@@ -122,6 +129,31 @@ def test_every_innocent_item_is_answered_however_many_inputs_are_poison(poisoned
             assert isinstance(result, ModelError)
         else:
             assert result == item.text[::-1]
+
+
+def test_an_input_that_kills_its_worker_is_refused_alone_and_the_rest_answered() -> None:
+    sink, table = Sink(), InFlightTable()
+    items = make_items(sink, 0, 20)
+    killer = items[7]
+    workers = iter(range(1, 100))
+    table.worker_up(WorkerId(next(workers)))
+    d: Dispatch | None = table.assign(items, now=0.0, hang_timeout=5.0)
+    deaths = 0
+    while d is not None:
+        if killer.text in d.texts:  # os._exit in the model
+            deaths += 1
+            actions = table.on_worker_died(d.worker)
+            table.worker_up(WorkerId(next(workers)))  # its replacement
+        else:
+            actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in d.texts))
+        for item, result in actions.deliver:
+            item.settle(result)
+        # The retry lane, as the batcher cuts it: first, and together.
+        d = (table.assign(actions.retry, now=0.0, hang_timeout=5.0) if actions.retry
+             else table.next_group(now=0.0, hang_timeout=5.0))
+    assert isinstance(sink.got[killer.id][0], QueryOfDeath)
+    assert all(sink.got[i.id] == [i.text[::-1]] for i in items if i is not killer)
+    assert deaths <= 2 + 5 + 1  # once, twice, halvings down to one, and once alone
 
 
 def test_hung_batches_are_reported_after_their_deadline() -> None:
