@@ -33,6 +33,13 @@ log = logging.getLogger("batchgate.app")
 
 def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> ASGIApp:
     """Build the app; the workers start (and are waited for) in the lifespan."""
+    return build(settings, keys, gpus)[0]
+
+
+def build(
+    settings: Settings, keys: KeyRing | None = None, gpus: int = 0
+) -> tuple[ASGIApp, Service]:
+    """The app and the service it serves (the server tells the service when it is leaving)."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
     service = Service(settings, metrics, keys.tiers, gpus=gpus)
@@ -54,7 +61,7 @@ def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -
         log.info("stopped")
 
     app = http_app(routes, lifespan)
-    return with_access_log(app, keys) if settings.access_log == "json" else app
+    return (with_access_log(app, keys) if settings.access_log == "json" else app), service
 
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]

@@ -11,8 +11,10 @@ The core process (this one) binds the listening socket and hands it to K spawned
 its jobs over its link (`api/link.py`). The core keeps priority, batching, admission, rate
 limits and idempotency global. It supervises the gateways: one that dies is restarted (its
 queued items were withdrawn when its link closed); if the core dies, each gateway sees its
-link close and exits at once. SIGTERM stops the gateways first (uvicorn finishes what they
-hold, which the core still serves), then drains the core and its workers.
+link close and exits at once. SIGTERM first turns /readyz 503 on every gateway while they
+go on serving for `--drain-delay-s` (a second signal cuts it short), then stops the gateways
+(uvicorn finishes what they hold, which the core still serves), then drains the core and its
+workers.
 
 Metrics: every process writes its counters and histograms through prometheus-client's
 multiprocess mode into one folder; the core renders them together with its own gauges, and
@@ -179,10 +181,14 @@ async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: s
     gateways = Gateways(settings, link, sock)
     door = Door(service, metrics, gateways=gateways.info)
     server = LinkServer(door)
-    stop = asyncio.Event()
+    stop, hurry = asyncio.Event(), asyncio.Event()  # the first signal, and a second one
+
+    def signalled() -> None:
+        (hurry if stop.is_set() else stop).set()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled)
     unwatch = metrics.watch_gc()
     try:
         async with anyio.create_task_group() as tg:
@@ -193,6 +199,10 @@ async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: s
             log.info("serving on %s:%d with %d gateways", settings.host, settings.port,
                      settings.gateways)
             await stop.wait()
+            service.leave()  # /readyz says 503 from every gateway while they still serve
+            log.info("leaving: serving %.1fs more before draining", settings.drain_delay_s)
+            with anyio.move_on_after(settings.drain_delay_s):
+                await hurry.wait()
             log.info("draining")
             await gateways.stop()
             server.close()

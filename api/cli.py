@@ -53,7 +53,8 @@ def detect_gpus(model: str) -> int:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import create_app
+    from api.app import build
+    from api.draining import DrainingServer
 
     settings = settings_from(args)
     logging.basicConfig(
@@ -64,11 +65,12 @@ def serve(args: argparse.Namespace) -> int:
         from api.cell import serve_cell
 
         return serve_cell(settings, gpus)
-    app = create_app(settings, gpus=gpus)
-    uvicorn.run(
+    app, service = build(settings, gpus=gpus)
+    config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
     )
+    DrainingServer(config, settings.drain_delay_s, service.leave).run()
     return 0
 
 

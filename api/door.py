@@ -136,7 +136,7 @@ class Door:
     async def ready(self) -> dict[str, object]:
         service = self.service
         return {"ready": service.ready(), "workers_ready": service.pool.ready_count(),
-                "draining": service.draining}
+                "draining": service.draining or service.leaving}
 
     async def workers(self) -> list[WorkerInfo]:
         return self.service.workers()

@@ -77,6 +77,7 @@ class Service:
             )
         )
         self.core = CoreOwner(core, self.pool, self.clock, observer=metrics)
+        self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
         self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
             ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries,
             max_bytes=settings.idempotency_max_bytes,
@@ -129,7 +130,12 @@ class Service:
         return self.core.draining
 
     def ready(self) -> bool:
-        return not self.draining and self.pool.ready_count() > 0
+        return not (self.draining or self.leaving) and self.pool.ready_count() > 0
+
+    def leave(self) -> None:
+        """Shutdown was asked for: say not-ready at once, while still serving (the drain
+        delay), so that load balancers stop sending before the door closes."""
+        self.leaving = True
 
     def workers(self) -> list[WorkerInfo]:
         return self.pool.workers()

@@ -76,6 +76,9 @@ class Settings:
     batch_latency_ms: float | None = field(default=None, metadata=doc(
         "pad every batch to at least this long (emulates the GPU's fixed latency)",
         shown="100 for sim, else 0"))
+    drain_delay_s: float = field(default=5.0, metadata=doc(
+        "on SIGTERM: /readyz turns 503 at once, and the server keeps accepting and serving "
+        "this long before it stops (a second signal skips it)"))
     max_attempts: int = field(default=12, metadata=doc(
         "deaths of an item's worker, isolation included, then 503 worker_crashed"))
     hang_timeout_ms: float | None = field(default=None, metadata=doc(
@@ -121,6 +124,7 @@ class Settings:
             "batch-latency-ms must be >= 0",
         )
         _check(self.max_attempts >= 1, "max-attempts must be at least 1")
+        _check(self.drain_delay_s >= 0, "drain-delay-s must be >= 0")
         _check(
             self.hang_timeout_ms is None or self.hang_timeout_ms > 0,
             "hang-timeout-ms must be > 0",

@@ -105,3 +105,25 @@ async def test_sigterm_finishes_in_flight_work_and_leaves_no_process() -> None:
     # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too.
     assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in srv.log_tail(40)
+
+
+async def test_sigterm_says_not_ready_at_once_and_serves_through_the_drain_delay() -> None:
+    srv = start_server(workers=1, args=[*KEYS, "--drain-delay-s", "3"])
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as kept:
+            assert (await kept.get("/readyz")).status_code == 200
+            os.kill(srv.pid, signal.SIGTERM)
+            with anyio.fail_after(2):  # another process: poll it
+                while (ready := await kept.get("/readyz")).status_code == 200:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            assert ready.status_code == 503 and ready.json()["draining"] is True
+            # Balancers are still taking it out of rotation: new connections are served.
+            async with httpx.AsyncClient(base_url=srv.url, timeout=10) as fresh:
+                late = await fresh.post("/v1/batchstring", json={"input": "late"}, headers=PAID)
+            assert late.status_code == 200 and late.json()["output"] == "etal"
+            with anyio.fail_after(30):
+                while srv.process.poll() is None:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # it stops by itself once the delay is over
+    finally:
+        leftovers = stop_server(srv)
+    assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
