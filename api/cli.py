@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from api.config import Parser, add_settings_flags, describe, settings_from
+from api.config import Parser, add_settings_flags, describe, forget_secrets, settings_from
 from api.plan import add_arguments as add_plan_arguments
 
 PROG = "batchgate"
@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
     from api.draining import DrainingServer
 
     settings = settings_from(args)
+    forget_secrets(os.environ)  # read: the processes spawned from here need not see them
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

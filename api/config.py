@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import MISSING, Field, dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -47,6 +47,14 @@ def knobs() -> Iterator[Knob]:
         parse = meta.get("parse") or _parser_for(hints[f.name])
         shown = meta.get("shown") or _show(f)
         yield Knob(f.name, parse, meta["help"], f.default, shown, bool(meta.get("secret")))
+
+
+def forget_secrets(env: MutableMapping[str, str]) -> None:
+    """Drop the secret settings' variables once read: every worker and gateway process is
+    spawned with this process's environment, readable in its /proc/<pid>/environ."""
+    for knob in knobs():
+        if knob.secret:
+            env.pop(knob.env, None)
 
 
 def _parser_for(kind: Any) -> Callable[[str], Any]:
@@ -134,4 +142,4 @@ def markdown_table() -> str:
 
 
 __all__ = ["ENV_PREFIX", "MASK", "Knob", "Parser", "add_settings_flags", "describe",
-           "knobs", "markdown_table", "settings_from"]
+           "forget_secrets", "knobs", "markdown_table", "settings_from"]

@@ -127,3 +127,15 @@ async def test_sigterm_says_not_ready_at_once_and_serves_through_the_drain_delay
     finally:
         leftovers = stop_server(srv)
     assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
+
+
+def test_the_admin_key_is_not_in_any_spawned_processs_environment() -> None:
+    secret = "s3cret-admin-key"
+    with running_server(workers=2, env={"BATCHGATE_ADMIN_KEY": secret}) as srv:
+        admin = {"Authorization": f"Bearer {secret}"}
+        listing = httpx.get(srv.url + "/admin/workers", headers=admin, timeout=10).json()
+        pids = [w["pid"] for w in listing["workers"]] + [g["pid"] for g in listing["gateways"]]
+        assert len(pids) >= 2
+        for pid in pids:  # what anyone who can read /proc/<pid>/environ would see
+            with open(f"/proc/{pid}/environ", "rb") as environ:
+                assert secret.encode() not in environ.read()
