@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import tomllib
 from dataclasses import dataclass, field
@@ -36,12 +37,21 @@ class Principal:
 ANONYMOUS = Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)
 
 
+HASHED = "sha256:"  # a keys file may hold `sha256:<hex>` of a key instead of the key
+
+
+def hash_key(key: str) -> str:
+    """What a keys file holds for `key` when it must not hold the key itself."""
+    return HASHED + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRing:
-    keys: dict[str, Principal]
-    admin_keys: frozenset[str]
+    keys: dict[str, Principal]  # by the key, or by `hash_key(key)` for a hashed entry
+    admin_keys: frozenset[str]  # the same: plain keys and hashed ones
     anonymous: bool = True
     tiers: dict[Tier, TierPolicy] = field(default_factory=lambda: dict(DEFAULT_TIERS))
+    hashed: bool = False  # some key is held hashed: a miss is hashed and looked up again
 
     def identify(self, authorization: str | None) -> Principal:
         """Map an Authorization header to a principal; raise Unauthorized."""
@@ -52,7 +62,11 @@ class KeyRing:
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <key>'")
-        principal = self.keys.get(token.strip())
+        token = token.strip()
+        # A hashed entry is reached by its key only, never by presenting the hash itself.
+        principal = None if token.startswith(HASHED) else self.keys.get(token)
+        if principal is None and self.hashed and not token.startswith(HASHED):
+            principal = self.keys.get(hash_key(token))
         if principal is None:
             raise Unauthorized("unknown API key")
         return principal
@@ -61,8 +75,10 @@ class KeyRing:
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
         given = token.encode("utf-8", "surrogateescape")  # any header value, never a 500
-        return scheme.lower() == "bearer" and any(
-            hmac.compare_digest(given, k.encode()) for k in self.admin_keys
+        hashed = hash_key(token).encode()
+        return scheme.lower() == "bearer" and not token.startswith(HASHED) and any(
+            hmac.compare_digest(hashed if k.startswith(HASHED) else given, k.encode())
+            for k in self.admin_keys
         )
 
 
@@ -84,10 +100,14 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
             raise KeysFileError(f"keys file {path}: key entry {n}: tier must be paid or free")
         if key in keys:
             raise KeysFileError(f"keys file {path}: key entry {n} repeats a key")
+        if key.startswith(HASHED) and not _is_hash(key):
+            raise KeysFileError(f"keys file {path}: key entry {n}: sha256: needs 64 hex digits")
         keys[key] = Principal(Tier[tier.upper()], str(account or key), key)
     admin = data.get("admin", {}).get("keys", [])
     if not isinstance(admin, list) or not all(isinstance(k, str) and k for k in admin):
         raise KeysFileError(f"keys file {path}: admin.keys must be a list of strings")
+    if any(k.startswith(HASHED) and not _is_hash(k) for k in admin):
+        raise KeysFileError(f"keys file {path}: admin.keys: sha256: needs 64 hex digits")
     anonymous = data.get("anonymous", True)
     if not isinstance(anonymous, bool):
         raise KeysFileError(f"keys file {path}: anonymous must be true or false")
@@ -95,8 +115,15 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
         tiers = tiers_from(data.get("tiers", {}))
     except (ValueError, TypeError) as exc:
         raise KeysFileError(f"keys file {path}: {exc}") from exc
-    return KeyRing(keys, frozenset(admins | set(admin)), anonymous, tiers)
+    everyone = [*keys, *admin]
+    return KeyRing(keys, frozenset(admins | set(admin)), anonymous, tiers,
+                   hashed=any(k.startswith(HASHED) for k in everyone))
 
 
-__all__ = ["ANONYMOUS_ACCOUNT", "KeyRing", "KeysFileError", "Principal", "Unauthorized",
-           "load_keys"]
+def _is_hash(key: str) -> bool:
+    digest = key.removeprefix(HASHED)
+    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
+__all__ = ["ANONYMOUS_ACCOUNT", "HASHED", "KeyRing", "KeysFileError", "Principal",
+           "Unauthorized", "hash_key", "load_keys"]

@@ -28,6 +28,10 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
                        help="print the effective configuration (secrets masked) and exit")
     plan = sub.add_parser("plan", help="how many GPUs a load needs (simulated with our batcher)")
     add_plan_arguments(plan)
+    keys = sub.add_parser("keys", help="keys file helpers")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=Parser)
+    keys_sub.add_parser("hash", help="read a key on stdin (not argv: ps shows argv), print "
+                                     "the sha256:<hex> a keys file may hold instead of it")
     return parser
 
 
@@ -85,6 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "serve":
             return serve(args)
+        if args.command == "keys":
+            from api.auth import hash_key
+
+            key = sys.stdin.readline().strip()
+            if not key:
+                raise ValueError("no key on stdin")
+            print(hash_key(key))
+            return 0
         if args.command == "plan":
             from api.plan import run_args
 

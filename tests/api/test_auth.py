@@ -1,9 +1,12 @@
+import hashlib
+import io
 from pathlib import Path
 
 import pytest
 
 from api import KeyRing, Unauthorized, load_keys
-from api.auth import KeysFileError
+from api.auth import KeysFileError, hash_key
+from api.cli import main
 from batcher import Tier
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "keys.toml"
@@ -57,3 +60,39 @@ def test_a_non_ascii_admin_token_is_refused_not_an_error() -> None:
     ring = load_keys(None, admin_key="root")
     # ASGI headers decode as latin-1: "\xe9" is what `Bearer \xe9` on the wire becomes.
     assert not ring.is_admin("Bearer \xe9") and not ring.is_admin("Bearer r\u00f6\u00f6t")
+
+
+def hashed_keys(tmp_path: Path, paid: str, admin: str) -> Path:
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[admin]\nkeys = ["{hash_key(admin)}"]\n\n'
+                    f'[[keys]]\nkey = "{hash_key(paid)}"\ntier = "paid"\naccount = "acme"\n')
+    return path
+
+
+def test_a_hashed_key_opens_with_the_key_and_never_with_its_hash(tmp_path: Path) -> None:
+    ring = load_keys(hashed_keys(tmp_path, "the-real-key", "the-admin-key"))
+    principal = ring.identify("Bearer the-real-key")
+    assert principal.tier is Tier.PAID and principal.account == "acme"
+    assert principal.key == hash_key("the-real-key")  # what crosses the link and the logs
+    for header in (f"Bearer {hash_key('the-real-key')}", "Bearer the-real-key2"):
+        with pytest.raises(Unauthorized):
+            ring.identify(header)
+    assert ring.is_admin("Bearer the-admin-key")
+    assert not ring.is_admin(f"Bearer {hash_key('the-admin-key')}")
+    assert not ring.is_admin("Bearer the-real-key")
+
+
+@pytest.mark.parametrize("entry", ['key = "sha256:abc"', 'key = "sha256:' + "g" * 64 + '"'])
+def test_a_malformed_hash_is_refused_at_load(tmp_path: Path, entry: str) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[[keys]]\n{entry}\ntier = "paid"\n')
+    with pytest.raises(KeysFileError, match="64 hex"):
+        load_keys(path)
+
+
+def test_keys_hash_reads_the_key_on_stdin(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("the-real-key\n"))
+    assert main(["keys", "hash"]) == 0
+    assert capsys.readouterr().out.strip() == hash_key("the-real-key")
+    assert hash_key("the-real-key") == "sha256:" + hashlib.sha256(b"the-real-key").hexdigest()
