@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TextIO
 
@@ -45,8 +46,10 @@ class _Seen:
             self.head = message.get("body", b"")[:512]
 
 
-def with_access_log(app: ASGIApp, keys: KeyRing, stream: TextIO | None = None) -> ASGIApp:
-    """`app`, writing one JSON line per HTTP request to `stream` (stdout by default)."""
+def with_access_log(app: ASGIApp, keys: Callable[[], KeyRing],
+                    stream: TextIO | None = None) -> ASGIApp:
+    """`app`, writing one JSON line per HTTP request to `stream` (stdout by default);
+    `keys` gives the key ring of the moment (SIGHUP reloads it)."""
     out = stream or sys.stdout
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
@@ -63,7 +66,7 @@ def with_access_log(app: ASGIApp, keys: KeyRing, stream: TextIO | None = None) -
             await app(scope, receive, watched)
         finally:
             latency = time.perf_counter() - started
-            out.write(record(scope, keys, seen, wall, latency) + "\n")
+            out.write(record(scope, keys(), seen, wall, latency) + "\n")
             out.flush()
 
     return asgi

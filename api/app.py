@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -48,6 +50,7 @@ def build(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         unwatch = metrics.watch_gc()
+        reloading = on_sighup(routes.reload_keys)
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(supervised, service.run, os._exit)
@@ -57,11 +60,14 @@ def build(
                 await service.drain()
                 tg.cancel_scope.cancel()
         finally:
+            reloading()
             unwatch()
         log.info("stopped")
 
     app = http_app(routes, lifespan)
-    return (with_access_log(app, keys) if settings.access_log == "json" else app), service
+    if settings.access_log == "json":
+        app = with_access_log(app, lambda: routes.keys)
+    return app, service
 
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
@@ -82,6 +88,14 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
         lifespan=lifespan,
     )
     return with_fast_path(app, routes.batchstring)
+
+
+def on_sighup(reload: Callable[[], None]) -> Callable[[], object]:
+    """Run `reload` on SIGHUP (keys files are re-read without a restart; SIGHUP's default
+    would end the process). Returns the undo."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    return lambda: loop.remove_signal_handler(signal.SIGHUP)
 
 
 EXIT_CORE_FAILED = 70  # EX_SOFTWARE: the dispatch core stopped on an error

@@ -69,6 +69,13 @@ class Gateways:
         for slot in self._slots:
             self._spawn(slot)
 
+    def reload_keys(self) -> None:
+        """SIGHUP: authentication happens in the gateways; each re-reads the keys file."""
+        for slot in self._slots:
+            if slot.state == "running" and slot.process is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.process.pid or 0, signal.SIGHUP)
+
     def info(self) -> list[dict[str, Any]]:
         return [
             {"slot": g.slot, "pid": g.process.pid if g.process else None, "state": g.state,
@@ -189,6 +196,7 @@ async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: s
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled)
+    loop.add_signal_handler(signal.SIGHUP, gateways.reload_keys)
     unwatch = metrics.watch_gc()
     try:
         async with anyio.create_task_group() as tg:

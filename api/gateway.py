@@ -24,7 +24,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     """Entry point of a gateway process."""
     import uvicorn
 
-    from api.app import http_app, settle_heap
+    from api.app import http_app, on_sighup, settle_heap
     from api.auth import load_keys
     from api.link import RemoteCore
     from api.metrics import Metrics
@@ -35,6 +35,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
         format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the core process owns shutdown
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the lifespan reloads keys on it
     metrics = Metrics()
     keys = load_keys(settings.keys, settings.admin_key)
     server: uvicorn.Server | None = None
@@ -46,17 +47,21 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
 
     core = RemoteCore(link, core_lost)
 
+    routes = Routes(core, settings, keys, metrics, gateway=slot)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         unwatch = metrics.watch_gc()
+        reloading = on_sighup(routes.reload_keys)  # the core process forwards its SIGHUP
         try:
             await core.connect()
             settle_heap()
             yield
         finally:
+            reloading()
             unwatch()
 
-    app = http_app(Routes(core, settings, keys, metrics, gateway=slot), lifespan)
+    app = http_app(routes, lifespan)
     config = uvicorn.Config(
         app, log_level=settings.log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=30, proxy_headers=False,

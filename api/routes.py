@@ -5,6 +5,7 @@ limits, idempotency, admission): the door does, in process or across the link.""
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import asdict
 from typing import Any, Protocol
@@ -14,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from api.auth import KeyRing, Principal
+from api.auth import KeyRing, KeysFileError, Principal, load_keys
 from api.door import Answered, Job, Outcome, answer_body
 from api.errors import ApiError, error_response, to_api_error
 from api.fastpath import HttpCall, JsonAnswer
@@ -22,6 +23,8 @@ from api.metrics import Metrics
 from api.requests import Limits, parse_body, parse_timeout
 from api.settings import Settings
 from gpu_pool import WorkerInfo
+
+log = logging.getLogger("batchgate.api")
 
 JSON = "application/json"
 MAX_IDEMPOTENCY_KEY = 255
@@ -52,6 +55,16 @@ class Routes:
         self.metrics = metrics
         s = settings
         self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read the keys file again. A file that fails to load leaves the keys as
+        they were (and says why in the log); tier limits keep their start-up values."""
+        try:
+            self.keys = load_keys(self.settings.keys, self.settings.admin_key)
+        except KeysFileError as exc:
+            log.error("keys not reloaded: %s", exc)
+            return
+        log.info("keys reloaded from %s: %d keys", self.settings.keys, len(self.keys.keys))
 
     async def batchstring(self, request: HttpCall) -> Response:
         started = time.perf_counter()

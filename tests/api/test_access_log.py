@@ -34,7 +34,7 @@ async def call(app, authorization: bytes | None = None) -> dict[str, object]:  #
     async def send(message: Message) -> None:
         pass
 
-    await with_access_log(app, KEYS, out)(scope, receive, send)
+    await with_access_log(app, lambda: KEYS, out)(scope, receive, send)
     (line,) = out.getvalue().splitlines()
     return orjson.loads(line)  # type: ignore[no-any-return]
 

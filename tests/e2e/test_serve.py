@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
+from api.auth import hash_key
 from api.client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
 from tests.e2e.helpers import post_many
@@ -139,3 +141,26 @@ def test_the_admin_key_is_not_in_any_spawned_processs_environment() -> None:
         for pid in pids:  # what anyone who can read /proc/<pid>/environ would see
             with open(f"/proc/{pid}/environ", "rb") as environ:
                 assert secret.encode() not in environ.read()
+
+
+async def test_sighup_reloads_the_keys_file_without_a_restart(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    entry = '[[keys]]\nkey = "{}"\ntier = "paid"\naccount = "acme"\n'
+    keys.write_text(entry.format("old-key"))
+    with running_server(workers=1, args=["--keys", str(keys)]) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
+            async def status(key: str) -> int:
+                answer = await client.post("/v1/batchstring", json={"input": "x"},
+                                           headers={"Authorization": f"Bearer {key}"})
+                return answer.status_code
+
+            assert (await status("old-key"), await status("new-key")) == (200, 401)
+            keys.write_text(entry.format(hash_key("new-key")))  # and hashed, this time
+            os.kill(srv.pid, signal.SIGHUP)
+            with anyio.fail_after(10):  # another process (or K gateways): poll it
+                while await status("new-key") != 200:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            with anyio.fail_after(10):
+                while await status("old-key") != 401:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+        assert srv.process.poll() is None  # SIGHUP's default would have ended it
