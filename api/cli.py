@@ -13,8 +13,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from api.auth import load_keys
 from api.config import Parser, add_settings_flags, describe, forget_secrets, settings_from
 from api.plan import add_arguments as add_plan_arguments
+from api.settings import Settings
 
 PROG = "batchgate"
 
@@ -54,6 +56,20 @@ def detect_gpus(model: str) -> int:
         return 0
 
 
+DEMO_KEYS = frozenset({"paid-demo-key", "free-demo-key", "admin-demo-key"})
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def refuse_public_demo_keys(settings: Settings) -> None:
+    """The demo keys are printed in README: a server holding them answers only on loopback."""
+    if settings.host in LOOPBACK or settings.keys is None:
+        return
+    ring = load_keys(settings.keys)
+    if DEMO_KEYS & (ring.keys.keys() | ring.admin_keys):
+        raise ValueError(f"{settings.keys} holds the public demo keys: serve it on 127.0.0.1 "
+                         "only, or give --keys a file of your own")
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -65,6 +81,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    refuse_public_demo_keys(settings)
     gpus = args.gpus if args.gpus is not None else detect_gpus(settings.model)
     if settings.gateways > 1:
         from api.cell import serve_cell

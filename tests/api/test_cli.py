@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import build_parser, settings_from
+from api.cli import build_parser, main, refuse_public_demo_keys, settings_from
+from api.settings import Settings
 
 BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
 
@@ -45,3 +46,15 @@ def test_a_bad_value_is_one_line_and_exit_2(argv: list[str]) -> None:
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("batchgate")
     assert "error:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_public_demo_keys_are_served_on_loopback_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demo = Path(__file__).parents[2] / "examples" / "keys.toml"
+    assert main(["serve", "--keys", str(demo), "--host", "0.0.0.0", "--model", "sim"]) == 2
+    assert "public demo keys" in capsys.readouterr().err
+    refuse_public_demo_keys(Settings(host="127.0.0.1", keys=demo))  # loopback: fine
+    own = tmp_path / "keys.toml"
+    own.write_text('[[keys]]\nkey = "a-real-secret"\ntier = "paid"\n')
+    refuse_public_demo_keys(Settings(host="0.0.0.0", keys=own))  # its own keys: fine
