@@ -122,10 +122,16 @@ def running_server(
     workers: int = 1, model: str = "sim", args: Sequence[str] = (), ready_timeout_s: float = 60.0,
     env: Mapping[str, str] | None = None, cwd: Path | None = None,
 ) -> Iterator[RunningServer]:
-    """`with running_server(2) as srv:` ... the server is stopped on every path."""
+    """`with running_server(2) as srv:` ... the server is stopped on every path; its log is
+    kept (and its path printed) only when the body failed, so runs leave nothing behind."""
     server = start_server(workers, model, args, ready_timeout_s, env, cwd)
     try:
         yield server
+    except BaseException:
+        print(f"server log kept: {server.log_path}", file=sys.stderr)
+        raise
+    else:
+        server.log_path.unlink(missing_ok=True)
     finally:
         leftovers = stop_server(server)
         if leftovers:
