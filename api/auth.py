@@ -63,10 +63,11 @@ class KeyRing:
         if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <key>'")
         token = token.strip()
-        # A hashed entry is reached by its key only, never by presenting the hash itself.
-        principal = None if token.startswith(HASHED) else self.keys.get(token)
-        if principal is None and self.hashed and not token.startswith(HASHED):
-            principal = self.keys.get(hash_key(token))
+        principal = None
+        if not token.startswith(HASHED):  # a hashed entry opens with its key, not its hash
+            principal = self.keys.get(token)
+            if principal is None and self.hashed:
+                principal = self.keys.get(hash_key(token))
         if principal is None:
             raise Unauthorized("unknown API key")
         return principal

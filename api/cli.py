@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from api.auth import load_keys
+from api.auth import hash_key, load_keys
 from api.config import Parser, add_settings_flags, describe, forget_secrets, settings_from
 from api.plan import add_arguments as add_plan_arguments
 from api.settings import Settings
@@ -107,8 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return serve(args)
         if args.command == "keys":
-            from api.auth import hash_key
-
             key = sys.stdin.readline().strip()
             if not key:
                 raise ValueError("no key on stdin")

@@ -186,8 +186,9 @@ class MemoryIdempotencyStore:
             if account is None:
                 account = self._accounts[entry.key[0]] = _Account()
             account.entries[entry.key] = entry
-            account.bytes += _cost(entry)
-            self._bytes += _cost(entry)
+            cost = _cost(entry)
+            account.bytes += cost
+            self._bytes += cost
             while len(account.entries) > self._account_entries \
                     or account.bytes > self._account_bytes:
                 self._evict_oldest(account)
@@ -229,8 +230,9 @@ class MemoryIdempotencyStore:
         scope = entry.key[0]
         account = self._accounts[scope]
         del account.entries[entry.key]
-        account.bytes -= _cost(entry)
-        self._bytes -= _cost(entry)
+        cost = _cost(entry)
+        account.bytes -= cost
+        self._bytes -= cost
         if not account.entries:
             del self._accounts[scope]
 
