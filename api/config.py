@@ -1,7 +1,8 @@
 """`batchgate serve`'s flags, derived from the `Settings` fields: one flag and one
 `BATCHGATE_<NAME>` variable per field, the help and default from the field's metadata.
 
-A flag wins over its variable; a bad value in either is one line on stderr and exit 2.
+A flag wins over its variable; a bad value in either is one line on stderr and exit 2. A
+secret (the admin key) has its variable only: `ps` shows every process's command line.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ class Knob:
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def takes_flag(self) -> bool:
+        return not self.secret
 
     @property
     def env(self) -> str:
@@ -87,12 +92,30 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
-    """One flag per setting; a set `BATCHGATE_<NAME>` becomes the flag's default."""
+    """One flag per setting; a set `BATCHGATE_<NAME>` becomes the flag's default. A secret's
+    flag is refused with a message that names its variable."""
     for k in knobs():
-        parser.add_argument(k.flag, type=_typed(k), default=None, metavar=k.name.upper(),
-                            help=f"{k.help} (default {k.shown}) [env {k.env}]")
+        if k.takes_flag:
+            parser.add_argument(k.flag, type=_typed(k), default=None, metavar=k.name.upper(),
+                                help=f"{k.help} (default {k.shown}) [env {k.env}]")
+        else:
+            parser.add_argument(k.flag, action=_Refused, env=k.env, dest=k.name, default=None,
+                                help=argparse.SUPPRESS)
         if k.env in env:
             parser.set_defaults(**{k.name: _from_env(k, env[k.env], parser)})
+
+
+class _Refused(argparse.Action):
+    """A secret given as a flag: refused, since any user can read it in `ps`."""
+
+    def __init__(self, option_strings: list[str], dest: str, env: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", **kwargs)
+        self.env = env
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} is not taken on the command line, where ps shows it: "
+                     f"set {self.env}, or list the key in the keys file")
 
 
 def _typed(k: Knob) -> Callable[[str], Any]:
@@ -128,7 +151,7 @@ def describe(settings: Settings, argv: Sequence[str], env: Mapping[str, str]) ->
         value = getattr(settings, k.name)
         if k.secret and value is not None:
             value = MASK
-        flagged = any(a == k.flag or a.startswith(k.flag + "=") for a in argv)
+        flagged = k.takes_flag and any(a == k.flag or a.startswith(k.flag + "=") for a in argv)
         source = "flag" if flagged else "env" if k.env in env else "default"
         lines.append(f"{k.name} = {'' if value is None else value}  # {source}")
     return "\n".join(lines)
@@ -137,7 +160,8 @@ def describe(settings: Settings, argv: Sequence[str], env: Mapping[str, str]) ->
 def markdown_table() -> str:
     """The README's configuration table."""
     rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
-    rows += [f"| `{k.flag}` | `{k.env}` | {k.shown} | {k.help} |" for k in knobs()]
+    rows += [f"| {f'`{k.flag}`' if k.takes_flag else '(variable only)'} | `{k.env}` | "
+             f"{k.shown} | {k.help} |" for k in knobs()]
     return "\n".join(rows)
 
 

@@ -63,7 +63,7 @@ def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
                 "apiKey": {"type": "http", "scheme": "bearer",
                            "description": "an API key from the keys file: its tier and account"},
                 "adminKey": {"type": "http", "scheme": "bearer",
-                             "description": "an admin key (keys file or --admin-key)"},
+                             "description": "an admin key (keys file or BATCHGATE_ADMIN_KEY)"},
             },
             "headers": {
                 "Server-Timing": {"required": True, "schema": _str(),

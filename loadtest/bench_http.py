@@ -75,9 +75,9 @@ def measure(
     """Start a server, warm it, then probe once between two reads of /metrics and CPU."""
     args = [] if s.idle_trigger is None else ["--idle-trigger", str(s.idle_trigger).lower()]
     args += ["--keys", str(keys_file)] if keys_file else []
-    args += ["--gateways", str(s.gateways), "--admin-key", ADMIN_KEY]
+    args += ["--gateways", str(s.gateways)]
     classes = (TrafficClass.bearer("paid" if key else "anonymous", key),)
-    with running_server(s.workers, "sim", args) as srv:
+    with running_server(s.workers, "sim", args, env={"BATCHGATE_ADMIN_KEY": ADMIN_KEY}) as srv:
         if warmup_s > 0:
             warm = ProbeConfig(srv.url, s.rps, warmup_s, classes=classes, timeout_s=5.0)
             asyncio.run(run_probe(warm))

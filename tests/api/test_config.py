@@ -28,6 +28,18 @@ def test_every_setting_has_exactly_one_flag() -> None:
     assert sorted(flags) == sorted([*expected, "-h", "--help", "--print-config"])
 
 
+def test_a_secret_is_refused_on_the_command_line_and_its_variable_named(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["--admin-key", "s3cret"], ["--admin-key=s3cret"]):
+        with pytest.raises(SystemExit) as exited:
+            build_parser({}).parse_args(["serve", *argv])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert "BATCHGATE_ADMIN_KEY" in err and "s3cret" not in err
+    assert "--admin-key" not in serve_parser({}).format_help()
+
+
 def test_every_setting_has_exactly_one_variable_and_it_sets_that_setting() -> None:
     for k in knobs():
         sample = "7" if k.parse is not parse_bool else "false"
@@ -51,9 +63,10 @@ def test_print_config_masks_the_admin_key_and_names_each_source(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BATCHGATE_WORKERS", "3")
-    assert main(["serve", "--print-config", "--admin-key", "s3cret", "--model", "sim"]) == 0
+    monkeypatch.setenv("BATCHGATE_ADMIN_KEY", "s3cret")
+    assert main(["serve", "--print-config", "--model", "sim"]) == 0
     out = capsys.readouterr().out
-    assert "s3cret" not in out and f"admin_key = {MASK}  # flag" in out
+    assert "s3cret" not in out and f"admin_key = {MASK}  # env" in out
     assert "workers = 3  # env" in out and "port = 8000  # default" in out
     assert len(out.splitlines()) == len(fields(Settings))
 
