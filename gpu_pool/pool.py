@@ -10,8 +10,8 @@ spin the CPU.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -24,6 +24,7 @@ from multiprocessing.process import BaseProcess
 import anyio
 from anyio.abc import TaskStatus
 
+from gpu_pool.pipe import PipeEnd
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
 from gpu_pool.seam import PoolEvents, WorkerInfo
 from gpu_pool.worker import WorkerConfig, worker_main
@@ -68,7 +69,8 @@ class _Slot:
     index: int
     worker: WorkerId = field(default=WorkerId(0))
     process: BaseProcess | None = None
-    conn: Connection | None = None
+    conn: Connection | None = None  # owns the descriptor; `pipe` does the I/O on it
+    pipe: PipeEnd | None = None
     state: WorkerState = WorkerState.STARTING
     device: str = "-"
     batches: int = 0
@@ -150,9 +152,8 @@ class WorkerPool:
         """Ask every worker to exit, wait up to `grace`, then kill the stragglers."""
         self._stopping = True
         for slot in self._slots:
-            if slot.conn is not None and slot.state in (WorkerState.READY, WorkerState.BUSY):
-                with contextlib.suppress(OSError):
-                    slot.conn.send(Stop())
+            if slot.pipe is not None and slot.state in (WorkerState.READY, WorkerState.BUSY):
+                slot.pipe.send(Stop())
             elif slot.process is not None and slot.process.is_alive():
                 slot.process.kill()  # still loading: nothing to finish
         live = [s for s in self._slots if s.process is not None and s.process.pid is not None]
@@ -171,14 +172,10 @@ class WorkerPool:
     def send(self, worker: WorkerId, run: Run) -> None:
         """Hand a batch to a ready worker. One that is gone was (or is now) reported dead."""
         slot = self._by_worker.get(worker)
-        if slot is None or slot.conn is None or slot.state is not WorkerState.READY:
-            return
-        try:
-            slot.conn.send(run)
-        except OSError:
-            self._lost(slot, worker)
+        if slot is None or slot.pipe is None or slot.state is not WorkerState.READY:
             return
         slot.state = WorkerState.BUSY
+        slot.pipe.send(run)  # a broken pipe reports the death
 
     def kill(self, worker: WorkerId) -> None:
         """SIGKILL a worker (hung batch); its death arrives through the sentinel."""
@@ -254,6 +251,7 @@ class WorkerPool:
             self._spawn_failed(slot, exc)
             return
         child.close()
+        slot.pipe = PipeEnd(parent.fileno(), functools.partial(self._lost, slot, worker))
         loop = asyncio.get_running_loop()
         loop.add_reader(parent.fileno(), self._on_readable, slot, worker)
         loop.add_reader(process.sentinel, self._on_exit, slot, worker)
@@ -279,14 +277,16 @@ class WorkerPool:
             self._restart_send.send_nowait(slot.index)
 
     def _on_readable(self, slot: _Slot, worker: WorkerId) -> None:
-        conn = slot.conn
-        if conn is None or slot.worker != worker:
+        pipe = slot.pipe
+        if pipe is None or slot.worker != worker:
             return
         try:
-            while conn.poll():
-                self._handle(slot, worker, conn.recv())
-        except (EOFError, OSError):
+            messages = pipe.read()
+        except EOFError:
             self._lost(slot, worker)
+            return
+        for message in messages:
+            self._handle(slot, worker, message)
 
     def _handle(self, slot: _Slot, worker: WorkerId, msg: object) -> None:
         if isinstance(msg, Ready):
@@ -308,13 +308,16 @@ class WorkerPool:
             return
         was_up = slot.state in (WorkerState.READY, WorkerState.BUSY)
         slot.state = WorkerState.DEAD
+        if slot.pipe is not None:
+            slot.pipe.close()
         if slot.conn is not None:
             asyncio.get_running_loop().remove_reader(slot.conn.fileno())
         if slot.process is not None and slot.process.is_alive():
             slot.process.kill()
         if not self._stopping:
             self._crashes += 1
-            log.warning("worker %s (slot %d) died", worker, slot.index)
+            code = slot.process.exitcode if slot.process is not None else None
+            log.warning("worker %s (slot %d) died (exit code %s)", worker, slot.index, code)
         lived = time.monotonic() - slot.ready_at if was_up else 0.0
         slot.failures = 0 if lived >= self._settings.stable_after else slot.failures + 1
         self._signal_change()
@@ -341,6 +344,9 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         if slot.process is not None:
             loop.remove_reader(slot.process.sentinel)
+        if slot.pipe is not None:
+            slot.pipe.close()
+            slot.pipe = None
         if slot.conn is not None:
             loop.remove_reader(slot.conn.fileno())
             slot.conn.close()

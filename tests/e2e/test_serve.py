@@ -34,6 +34,18 @@ async def test_every_client_gets_its_own_answer_and_batches_form() -> None:
         assert metric(m, "batchgate_batch_size_count") < 150  # batches larger than one
 
 
+async def test_a_request_at_the_size_limits_is_answered_whole(shared_server: str) -> None:
+    """100 inputs of 10,000 characters, 1 MB each way: more than any socket buffer on the
+    way holds (such a batch was once taken for its worker's death, again and again)."""
+    texts = [f"{i:03d}" + "y" * 9_997 for i in range(100)]
+    async with httpx.AsyncClient(base_url=shared_server, timeout=30) as client:
+        answer = await client.post("/v1/batchstring", json={"inputs": texts}, headers=PAID)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"] == [t[::-1] for t in texts]
+    m = fetch_metrics(shared_server)
+    assert metric(m, "batchgate_worker_crashes_total") == 0
+
+
 async def test_many_inputs_are_collated_in_order() -> None:
     with running_server(workers=2) as srv:
         texts = [f"in-{i}" for i in range(250)]  # three requests of the client's
