@@ -83,6 +83,10 @@ class _StatsCollector(Collector):
             value=s.core.hangs,
         )
         yield CounterMetricFamily(
+            "batchgate_batch_hedges", "Stalled batches re-run on another worker",
+            value=t.hedges,
+        )
+        yield CounterMetricFamily(
             "batchgate_expired_items", "Items dropped in the queue past their deadline",
             value=b.expired,
         )

@@ -27,6 +27,7 @@ from batcher import (
     TierQueues,
 )
 from failover import (
+    BatchTimes,
     CoreOwner,
     DispatchCore,
     IdempotencyStore,
@@ -62,9 +63,8 @@ class Service:
         queues = TierQueues(dict.fromkeys(Tier, settings.queue_capacity))
         core = DispatchCore(
             Batcher(queues, policy, self.admission),
-            InFlightTable(max_attempts=settings.max_attempts),
+            InFlightTable(max_attempts=settings.max_attempts, times=BatchTimes(settings.hang)),
             self.admission,
-            hang_timeout=settings.hang_timeout,
         )
         self.pool: Pool = pool or WorkerPool(
             PoolSettings(
@@ -104,7 +104,7 @@ class Service:
     async def drain(self) -> None:
         """Stop accepting, finish what is queued and running; the caller then stops loops."""
         self.core.drain()
-        with anyio.move_on_after(max(30.0, 2 * self.settings.hang_timeout)):
+        with anyio.move_on_after(max(30.0, 2 * (self.settings.hang.kill_after or 0.0))):
             await self.core.wait_finished()
         self.core.abandon()
 

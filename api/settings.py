@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from batcher import MAX_BATCH
+from failover.hang import HangSettings
 from gpu_pool import validate_spec
 
 ACCESS_LOG_FORMATS = ("off", "json")
@@ -81,9 +82,13 @@ class Settings:
         "this long before it stops (a second signal skips it)"))
     max_attempts: int = field(default=12, metadata=doc(
         "deaths of an item's worker, isolation included, then 503 worker_crashed"))
+    hedge_after_ms: float = field(default=500.0, metadata=doc(
+        "a batch running past max(this, 3 x the recent P99 batch time scaled by its input "
+        "size) is re-run at once on another worker, the first answer wins (0: never)"))
     hang_timeout_ms: float | None = field(default=None, metadata=doc(
-        "a batch running longer gets its worker killed and is re-routed",
-        shown="max(10 x batch latency floor, 5 s)"))
+        "a batch running longer gets its worker killed (and is re-run if no hedge answered)",
+        shown="max(5 s, 20 x the recent P99 batch time scaled by its input size); 60 s "
+              "until 16 batches have run"))
     restart: bool = field(default=True, metadata=doc(
         "restart dead workers (exponential backoff from 0.5 s to 30 s)"))
     ready_timeout_s: float = field(default=300.0, metadata=doc(
@@ -129,6 +134,7 @@ class Settings:
             self.hang_timeout_ms is None or self.hang_timeout_ms > 0,
             "hang-timeout-ms must be > 0",
         )
+        _check(self.hedge_after_ms >= 0, "hedge-after-ms must be >= 0")
         _check(self.queue_capacity >= 1, "queue-capacity must be at least 1")
         _check(self.max_request_timeout_ms > 0, "max-request-timeout-ms must be > 0")
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
@@ -153,10 +159,13 @@ class Settings:
         return 0.100 if self.model == "sim" else 0.0
 
     @property
-    def hang_timeout(self) -> float:
-        if self.hang_timeout_ms is not None:
-            return self.hang_timeout_ms / 1000
-        return max(10 * self.latency_floor, 5.0)
+    def hang(self) -> HangSettings:
+        """When a stalled batch is re-run elsewhere, and when its worker is killed."""
+        return HangSettings(
+            hedge=self.hedge_after_ms > 0,
+            hedge_floor=self.hedge_after_ms / 1000 if self.hedge_after_ms > 0 else 0.5,
+            kill_after=None if self.hang_timeout_ms is None else self.hang_timeout_ms / 1000,
+        )
 
 
 def _check(ok: bool, message: str) -> None:

@@ -76,6 +76,8 @@ class Item:
     lane: int = -1  # the Lane it is queued in, -1 when not queued
     dispatched: float = 0.0  # when it last left the queue for a worker
     batch: int = -1  # the batch it was last cut into (for the access log)
+    flights: int = 0  # batches now running it (two while a stalled batch is hedged)
+    done: bool = False  # answered, or failed for good: a twin batch's answer is dropped
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

@@ -1,6 +1,7 @@
 """The dispatch core and its owner: hands batches to workers, answers each item exactly
 once, re-routes the items of a dead worker, isolates poison inputs and inputs that kill
-their worker (`Quarantine`), and remembers idempotent requests.
+their worker (`Quarantine`), re-runs stalled batches elsewhere and kills hung workers by
+limits learned from recent batch times (`BatchTimes`), and remembers idempotent requests.
 
 `DispatchCore` is the synchronous state machine (batcher + in-flight table); `CoreOwner`
 is the one task that feeds it events and performs its actions.
@@ -15,6 +16,7 @@ from failover.errors import (
     QueryOfDeath,
     WorkerCrashed,
 )
+from failover.hang import BatchTimes, HangSettings
 from failover.idempotency import (
     LEADER_GONE,
     Begin,
@@ -35,6 +37,7 @@ from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStat
 __all__ = [
     "LEADER_GONE",
     "Actions",
+    "BatchTimes",
     "Begin",
     "ContractViolation",
     "CoreActions",
@@ -44,6 +47,7 @@ __all__ = [
     "Dispatch",
     "DispatchCore",
     "Entry",
+    "HangSettings",
     "IdempotencyMismatch",
     "IdempotencyStatistics",
     "IdempotencyStore",

@@ -74,14 +74,10 @@ class CoreStatistics:
 
 
 class DispatchCore:
-    def __init__(
-        self, batcher: Batcher, table: InFlightTable, admission: Admission, *,
-        hang_timeout: float,
-    ) -> None:
+    def __init__(self, batcher: Batcher, table: InFlightTable, admission: Admission) -> None:
         self._batcher = batcher
         self._table = table
         self._admission = admission
-        self._hang_timeout = hang_timeout
         self._max_batch = batcher.policy.max_batch
         self._sent_at: dict[WorkerId, float] = {}
         self._busy_seconds = 0.0
@@ -127,7 +123,7 @@ class DispatchCore:
         that is no longer in flight on this worker changes nothing."""
         out = CoreActions()
         if isinstance(reply, Ok):
-            actions = self._table.on_ok(worker, reply.batch_id, reply.outputs)
+            actions = self._table.on_ok(worker, reply.batch_id, reply.outputs, reply.seconds)
             if actions.deliver and not actions.discarded:
                 self._admission.observe_batch(reply.seconds)
                 out.batch_seconds.append(reply.seconds)
@@ -154,8 +150,10 @@ class DispatchCore:
 
     # -- time ------------------------------------------------------------------------------
     def poll(self, now: float) -> CoreActions:
-        """Time passed: kill the workers of hung batches, cut what is due."""
+        """Time passed: re-run stalled batches elsewhere, kill the workers of hung ones,
+        cut what is due."""
         out = CoreActions()
+        self._table.hedge(now)
         for worker in self._table.hung(now):
             self._hangs += 1
             out.kill.append(worker)
@@ -213,7 +211,7 @@ class DispatchCore:
         self, now: float, out: CoreActions, freed: tuple[WorkerId, float] | None = None
     ) -> CoreActions:
         """Give idle workers to bisected groups first, then cut batches while due."""
-        while (group := self._table.next_group(now, self._hang_timeout)) is not None:
+        while (group := self._table.next_group(now)) is not None:
             self._sent_at[group.worker] = now
             out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None))
         needed = -1.0
@@ -232,7 +230,7 @@ class DispatchCore:
                 )
             if not cut.items:
                 continue
-            d = self._table.assign(cut.items, now, self._hang_timeout)
+            d = self._table.assign(cut.items, now)
             for item in cut.items:
                 item.dispatched, item.batch = now, d.batch_id
             self._sent_at[d.worker] = now

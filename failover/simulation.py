@@ -23,6 +23,7 @@ from batcher import (
     TierQueues,
 )
 from failover.core import CoreActions, DispatchCore
+from failover.hang import BatchTimes, HangSettings
 from failover.table import InFlightTable
 from gpu_pool import Ok, WorkerId
 
@@ -71,7 +72,8 @@ def core_for(workers: int, policy: FlushPolicy, latency: float, capacity: int) -
         initial_latency=latency,
     ))
     batcher = Batcher(TierQueues(dict.fromkeys(Tier, capacity)), policy, admission)
-    return DispatchCore(batcher, InFlightTable(), admission, hang_timeout=math.inf)
+    never = BatchTimes(HangSettings(hedge=False, kill_after=math.inf))  # workers never stall
+    return DispatchCore(batcher, InFlightTable(times=never), admission)
 
 
 def simulate(

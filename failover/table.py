@@ -8,6 +8,11 @@ awaits, a hypothesis state machine can drive every interleaving.
 Fencing: an answer counts only if its batch id is in flight on the worker that sends it.
 Batch ids are never reused and a worker's id changes with each restart, so an answer from
 a worker already declared dead finds nothing and is discarded.
+
+Hedging: a batch running far past what batches have taken lately (`failover/hang.py`) is
+re-run on another worker while the first keeps running. An item may then be in two
+batches: the first answer settles it (`Item.done`), and a failure of one batch touches only
+the items no other batch still carries (`Item.flights`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 
 from batcher import Item
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
+from failover.hang import BatchTimes
 from gpu_pool import BatchId, WorkerId
 
 Result = tuple[Item, str | BaseException]
@@ -37,7 +43,9 @@ class InFlight:
     worker: WorkerId
     items: list[Item]
     started: float
-    hang_deadline: float
+    hang_deadline: float  # its worker is killed past this
+    hedge_deadline: float  # re-run elsewhere past this (inf: never)
+    chars: int
     lineage: _Lineage | None = None
 
 
@@ -73,21 +81,27 @@ class TableStatistics:
     discarded: int
     bisect_runs: int
     model_errors: int
+    hedges: int
 
 
 class InFlightTable:
-    def __init__(self, *, max_attempts: int = 12, bisect_budget: int = 16) -> None:
+    def __init__(
+        self, *, max_attempts: int = 12, bisect_budget: int = 16, times: BatchTimes | None = None
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self._max_attempts = max_attempts
         self._bisect_budget = bisect_budget
+        self.times = times or BatchTimes()
         self._ids = itertools.count(1)
         self._idle: dict[WorkerId, None] = {}  # insertion-ordered set
         self._busy: dict[WorkerId, BatchId] = {}
         self._batches: dict[BatchId, InFlight] = {}
-        self._groups: deque[tuple[list[Item], _Lineage]] = deque()
+        # Bisected groups and hedges waiting for an idle worker; they go before new batches.
+        # A waiting hedge counts as one of its items' flights: no one else re-runs them.
+        self._groups: deque[tuple[list[Item], _Lineage | None]] = deque()
         self._crashes = self._reroutes = self._rerouted_items = 0
-        self._discarded = self._bisect_runs = self._model_errors = 0
+        self._discarded = self._bisect_runs = self._model_errors = self._hedges = 0
 
     # -- workers -------------------------------------------------------------------------
     def worker_up(self, worker: WorkerId) -> None:
@@ -108,39 +122,66 @@ class InFlightTable:
         return not self._batches and not self._groups
 
     # -- dispatch ------------------------------------------------------------------------
-    def assign(self, items: list[Item], now: float, hang_timeout: float) -> Dispatch:
+    def assign(self, items: list[Item], now: float) -> Dispatch:
         """Record a new batch on an idle worker; the caller sends it."""
-        return self._assign(items, now, hang_timeout, None)
+        return self._assign(items, now, None, hedge=True)
 
-    def next_group(self, now: float, hang_timeout: float) -> Dispatch | None:
-        """A bisected group waiting for a worker, assigned to an idle one, if both exist."""
-        if not self._groups or not self._idle:
-            return None
-        items, lineage = self._groups.popleft()
-        return self._assign(items, now, hang_timeout, lineage)
+    def next_group(self, now: float) -> Dispatch | None:
+        """A bisected group or a hedge waiting for a worker, assigned to an idle one, if
+        both exist. Items answered or given up on meanwhile are left out."""
+        while self._groups and self._idle:
+            group, lineage = self._groups.popleft()
+            if lineage is None:  # a hedge: its waiting flight lands
+                for item in group:
+                    item.flights -= 1
+            items = [i for i in group if not i.done and not i.cancelled]
+            if items:
+                return self._assign(items, now, lineage, hedge=False)
+        return None
 
     def _assign(
-        self, items: list[Item], now: float, hang_timeout: float, lineage: _Lineage | None
+        self, items: list[Item], now: float, lineage: _Lineage | None, *, hedge: bool
     ) -> Dispatch:
+        """`hedge`: the batch may be re-run elsewhere if it stalls. Never a hedge itself, a
+        bisected group, or items that already cost a worker: a query that hangs every
+        worker it meets must not take two at a time."""
         if not items:
             raise ValueError("a batch holds at least one item")
         worker, _ = self._idle.popitem()
         batch_id = BatchId(next(self._ids))
         self._busy[worker] = batch_id
+        texts = tuple(i.text for i in items)
+        chars = sum(map(len, texts))
+        for item in items:
+            item.flights += 1
+            hedge = hedge and item.attempts == 0
+        times = self.times
         self._batches[batch_id] = InFlight(
-            batch_id, worker, items, now, now + hang_timeout, lineage
+            batch_id, worker, items, now, now + times.kill_after(chars),
+            now + times.hedge_after(chars) if hedge else math.inf, chars, lineage,
         )
-        return Dispatch(batch_id, worker, tuple(i.text for i in items))
+        return Dispatch(batch_id, worker, texts)
 
     # -- answers -------------------------------------------------------------------------
-    def on_ok(self, worker: WorkerId, batch_id: BatchId, outputs: tuple[str, ...]) -> Actions:
+    def on_ok(
+        self, worker: WorkerId, batch_id: BatchId, outputs: tuple[str, ...],
+        seconds: float | None = None,
+    ) -> Actions:
+        """`seconds`: how long the model took, learned for the hang limits."""
         batch = self._take(worker, batch_id)
         if batch is None:
             return Actions(discarded=True)
         if len(outputs) != len(batch.items) or not all(type(o) is str for o in outputs):
             detail = f"{len(outputs)} outputs for {len(batch.items)} inputs"
             return self._failed(batch, ContractViolation("ContractViolation", detail))
-        return Actions(deliver=list(zip(batch.items, outputs, strict=True)), freed=True)
+        if seconds is not None:
+            self.times.observe(seconds, batch.chars)
+        deliver: list[Result] = []
+        for item, output in zip(batch.items, outputs, strict=True):
+            if not item.done:  # else its hedge (or the batch it hedged) answered first
+                item.done = True
+                deliver.append((item, output))
+        return Actions(deliver=deliver, freed=True)
 
     def on_error(self, worker: WorkerId, batch_id: BatchId, error: ModelError) -> Actions:
         """The model raised on the batch; the worker lives. Bisect to isolate the culprits."""
@@ -154,10 +195,10 @@ class InFlightTable:
         poison input among 100 costs ~14 runs); past it, run what is left one by one, so
         that many poison inputs cost at most one run per input and never an innocent's
         answer."""
-        items = [i for i in batch.items if not i.cancelled]
+        items = self._orphans(batch)
         if len(items) <= 1:
             self._model_errors += len(items)
-            return Actions(deliver=[(i, error) for i in items], freed=True)
+            return Actions(deliver=_settled([(i, error) for i in items]), freed=True)
         self._split(items, batch.lineage or _Lineage(self._bisect_budget))
         return Actions(freed=True)
 
@@ -181,7 +222,19 @@ class InFlightTable:
             return None
         del self._busy[worker]
         self._idle[worker] = None
-        return self._batches.pop(batch_id)
+        return self._landed(self._batches.pop(batch_id))
+
+    @staticmethod
+    def _landed(batch: InFlight) -> InFlight:
+        for item in batch.items:
+            item.flights -= 1
+        return batch
+
+    @staticmethod
+    def _orphans(batch: InFlight) -> list[Item]:
+        """The items of a failed batch that are this table's to decide: not answered, not
+        given up on, and carried by no other batch (a hedge still running decides)."""
+        return [i for i in batch.items if not i.done and not i.cancelled and i.flights == 0]
 
     # -- faults --------------------------------------------------------------------------
     def on_worker_died(self, worker: WorkerId) -> Actions:
@@ -191,9 +244,9 @@ class InFlightTable:
         if batch_id is None:
             return Actions()
         self._crashes += 1
-        batch = self._batches.pop(batch_id)
+        batch = self._landed(self._batches.pop(batch_id))
         actions = Actions()
-        items = [i for i in batch.items if not i.cancelled]
+        items = self._orphans(batch)
         suspects: list[Item] = []
         for item in items:
             item.attempts += 1
@@ -214,6 +267,7 @@ class InFlightTable:
         if actions.retry:
             self._reroutes += 1
             self._rerouted_items += len(actions.retry)
+        _settled(actions.deliver)
         return actions
 
     def hung(self, now: float) -> list[WorkerId]:
@@ -224,18 +278,37 @@ class InFlightTable:
             batch.hang_deadline = math.inf
         return [b.worker for b in late]
 
+    def hedge(self, now: float) -> int:
+        """Batches running past their hedge deadline are queued again, ahead of new work,
+        for the next idle worker, while they keep running; returns how many."""
+        late = [b for b in self._batches.values() if b.hedge_deadline <= now]
+        for batch in late:
+            batch.hedge_deadline = math.inf
+            items = [i for i in batch.items if not i.done and not i.cancelled]
+            if items:
+                self._hedges += 1
+                for item in items:
+                    item.flights += 1
+                self._groups.append((items, None))
+        return len(late)
+
     def next_hang_deadline(self) -> float:
-        return min((b.hang_deadline for b in self._batches.values()), default=math.inf)
+        """When `hung` or `hedge` next has something to do."""
+        return min((min(b.hang_deadline, b.hedge_deadline) for b in self._batches.values()),
+                   default=math.inf)
 
     def abandon(self) -> list[Item]:
         """Shutdown: every item in flight or in a bisected group, which will never be
-        answered now; the table forgets them."""
+        answered now, each once; the table forgets them."""
         items = [i for group, _ in self._groups for i in group]
         items += [i for batch in self._batches.values() for i in batch.items]
         self._groups.clear()
         self._batches.clear()
         self._busy.clear()
-        return items
+        left = [i for i in dict.fromkeys(items) if not i.done]  # a hedge holds it twice
+        for item in left:
+            item.done = True
+        return left
 
     def statistics(self) -> TableStatistics:
         return TableStatistics(
@@ -250,7 +323,15 @@ class InFlightTable:
             discarded=self._discarded,
             bisect_runs=self._bisect_runs,
             model_errors=self._model_errors,
+            hedges=self._hedges,
         )
+
+
+def _settled(results: list[Result]) -> list[Result]:
+    """Mark the items of `results` answered: a twin batch's answer is then dropped."""
+    for item, _ in results:
+        item.done = True
+    return results
 
 
 __all__ = ["Actions", "Dispatch", "InFlight", "InFlightTable", "TableStatistics"]

@@ -18,12 +18,13 @@ def test_defaults_are_the_documented_ones() -> None:
     s = settings([])
     assert (s.host, s.port, s.model, s.max_batch, s.max_wait_ms) == (
         "127.0.0.1", 8000, "minilm", 100, 50.0)
-    assert s.latency_floor == 0.0 and s.hang_timeout == 5.0
+    assert s.latency_floor == 0.0 and s.hang.kill_after is None  # learned
+    assert s.hang.hedge and s.hang.hedge_floor == 0.5
 
 
 def test_sim_pads_batches_to_100_ms() -> None:
     s = settings(["--model", "sim"])
-    assert s.latency_floor == 0.1 and s.hang_timeout == 5.0
+    assert s.latency_floor == 0.1
 
 
 def test_environment_variables_set_flags_and_flags_win() -> None:

@@ -12,11 +12,13 @@ import httpx
 import pytest
 
 from api.client import AsyncClient
+from loadtest.probe import ProbeConfig, run_probe
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import EXAMPLE_KEYS, patient_keys, post_many, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
+ADMIN = {"Authorization": "Bearer admin-demo-key"}
 KEYS = ["--keys", "examples/keys.toml"]
 
 
@@ -51,6 +53,41 @@ async def test_a_hung_batch_is_killed_and_rerouted() -> None:
         await workers_in_state(srv.url, "ready", 2)
         async with AsyncClient(srv.url, "paid-demo-key") as client:
             assert await client.batchstring(["fine"]) == ["enif"]  # the workers came back
+
+
+async def test_a_stopped_busy_worker_costs_no_request_anything_but_latency() -> None:
+    """Defaults, 300 RPS on three sim workers, one SIGSTOPped while busy: its batch runs
+    again on another worker after max(0.5 s, 3 x the recent P99 batch time), and the
+    stopped worker is killed 5 s in. No request is refused, lost or late by a second."""
+    admin = {"BATCHGATE_ADMIN_KEY": "admin-demo-key"}
+    with running_server(workers=3, env=admin) as srv:
+        stopped: list[int] = []
+
+        async def stop_a_busy_worker() -> None:
+            async with httpx.AsyncClient(base_url=srv.url) as client:
+                async def batches_run() -> int:
+                    listing = await client.get("/admin/workers", headers=ADMIN)
+                    return sum(w["batches"] for w in listing.json()["workers"])
+
+                with anyio.fail_after(10):  # until enough batches ran for the limits
+                    while await batches_run() < 40:  # noqa: ASYNC110 (another process)
+                        await anyio.sleep(0.05)
+            (pid, *_) = await workers_in_state(srv.url, "busy", 1)
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_a_busy_worker)
+            result = await run_probe(ProbeConfig(srv.url, rps=300, duration_s=9.0,
+                                                 timeout_s=5.0, seed=11))
+        assert stopped, "no worker was stopped"
+        assert result.statuses == {200: result.sent} and result.lost == 0 == result.wrong
+        print(f"stopped worker: P50/P95/P99/max {result.latency}")
+        assert result.latency.p99 < 1.0, result.latency
+        m = fetch_metrics(srv.url)
+        assert metric(m, "batchgate_batch_hedges_total") >= 1
+        assert metric(m, "batchgate_worker_hangs_total") == 1
+        await workers_in_state(srv.url, "ready", 3)  # the killed one was restarted
 
 
 async def test_one_poison_input_fails_alone_in_a_batch_of_51() -> None:

@@ -2,7 +2,8 @@
 
 Random arrivals in both tiers (multi-input requests, tight admission budgets, short
 deadlines), cancellations, workers coming up, replying, failing, dying and hanging at random
-moments, replies from dead incarnations and for batches long closed. Time only moves the way
+moments, stalled batches hedged on another worker (both copies answering, failing or
+dying), replies from dead incarnations and for batches long closed. Time only moves the way
 the owner task moves it: to the core's own next deadline, or to an event. After every step
 and once everything has drained, the invariants of DESIGN.md hold.
 """
@@ -29,14 +30,25 @@ from batcher import (
     Tier,
     TierQueues,
 )
-from failover import CoreActions, DispatchCore, InFlightTable, ModelError
+from failover import BatchTimes, CoreActions, DispatchCore, HangSettings, InFlightTable, ModelError
+from failover.hang import REFRESH
 from gpu_pool import Err, Ok, Run, WorkerId
 
 MAX_BATCH = 4
 MAX_WAIT = 0.05
 LATENCY = 0.1
 HANG = 1.0
+HEDGE = 0.35
 MAX_ATTEMPTS = 3
+
+
+def learned() -> BatchTimes:
+    """Batch times as if many batches had run: stalled batches are hedged after HEDGE."""
+    times = BatchTimes(HangSettings(hedge_floor=HEDGE, kill_after=HANG))
+    for _ in range(REFRESH):
+        times.observe(LATENCY, 12)
+    assert times.hedge_after(12) == HEDGE
+    return times
 
 
 @dataclass
@@ -73,8 +85,8 @@ class CoreMachine(RuleBasedStateMachine):
         policy = FlushPolicy(max_batch=MAX_BATCH, max_wait=MAX_WAIT)
         batcher = Batcher(TierQueues({Tier.PAID: 40, Tier.FREE: 40}), policy, admission)
         self.core = DispatchCore(
-            batcher, InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=6), admission,
-            hang_timeout=HANG,
+            batcher, InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=6, times=learned()),
+            admission,
         )
         self.now = 0.0
         self.m = Model()
@@ -130,8 +142,9 @@ class CoreMachine(RuleBasedStateMachine):
     def died(self, worker: WorkerId) -> None:
         self.up.discard(worker)
         flight = self.m.flights.pop(worker, None)
+        flying = {i.id for f in self.m.flights.values() for i in f.items}
         for item in flight.items if flight is not None else ():
-            if item.id not in self.m.settled and not item.cancelled:
+            if item.id not in self.m.settled and not item.cancelled and item.id not in flying:
                 self.m.queued[item.id] = item  # back in the retry lane (or failed)
         self.perform(self.core.worker_died(worker, self.now))
 
@@ -330,4 +343,7 @@ def test_next_deadline_is_the_oldest_items_max_wait_with_a_worker_idle() -> None
     m.admit(Tier.FREE, 1, 5.0)
     assert m.core.next_deadline() == MAX_WAIT
     m.advance(MAX_WAIT)
-    assert len(m.m.flights) == 1 and m.core.next_deadline() == HANG + MAX_WAIT
+    # The one batch is hedged first (a second worker takes it if one comes), then killed.
+    assert len(m.m.flights) == 1 and m.core.next_deadline() == MAX_WAIT + HEDGE
+    m.advance(MAX_WAIT + HEDGE)
+    assert m.core.next_deadline() == MAX_WAIT + HANG

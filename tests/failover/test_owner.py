@@ -29,7 +29,15 @@ from batcher import (
     Tier,
     TierQueues,
 )
-from failover import CoreOwner, DispatchCore, InFlightTable, NoHealthyWorker
+from failover import (
+    BatchTimes,
+    CoreOwner,
+    DispatchCore,
+    HangSettings,
+    InFlightTable,
+    NoHealthyWorker,
+)
+from failover.hang import MIN_SAMPLES
 from gpu_pool import Ok, PoolEvents, Run, WorkerId, WorkerInfo
 from tests.virtual import run_virtual
 
@@ -200,6 +208,7 @@ class Rig:
     log: list[Call]
     items: list[Item] = field(default_factory=list)
     returned_at: float | None = None  # when `owner.run` returned
+    stalled_at: float = 0.0
 
     def request(self, n: int, tier: Tier = Tier.FREE) -> list[Item]:
         now, start = self.clock.now(), len(self.items)
@@ -230,7 +239,8 @@ class Rig:
 
 
 def play(
-    scenario: Callable[[Rig], Awaitable[None]], workers: int, hang_timeout: float = 10.0
+    scenario: Callable[[Rig], Awaitable[None]], workers: int, hang_timeout: float = 10.0,
+    hang: HangSettings | None = None,
 ) -> Rig:
     """Run the pool and the owner in one task group, as the service does, around `scenario`."""
 
@@ -241,7 +251,8 @@ def play(
         ))
         policy = FlushPolicy(max_batch=100, max_wait=MAX_WAIT)
         batcher = Batcher(TierQueues(dict.fromkeys(Tier, 10_000)), policy, admission)
-        core = DispatchCore(batcher, InFlightTable(), admission, hang_timeout=hang_timeout)
+        times = BatchTimes(hang or HangSettings(hedge=False, kill_after=hang_timeout))
+        core = DispatchCore(batcher, InFlightTable(times=times), admission)
         pool, observer = FakePool(workers, log, clock), Observer()
         owner = CoreOwner(core, pool, clock, observer)
         rig = Rig(owner, pool, Recorder(log, clock), observer, clock, log)
@@ -351,6 +362,32 @@ def test_the_hang_watchdog_kills_a_worker_stuck_past_hang_timeout() -> None:
     assert kill.worker == stuck and kill.at == pytest.approx(0.5)
     (again,) = rig.calls("send")[1:]
     assert again.worker != stuck and again.at == pytest.approx(0.5)
+    assert_each_answered_once_with_its_output(rig)
+
+
+def test_a_stalled_batch_is_answered_by_another_worker_long_before_its_worker_is_killed() -> None:
+    async def scenario(rig: Rig) -> None:
+        for _ in range(MIN_SAMPLES):  # the pool learns that batches take 100 ms
+            rig.request(100)
+        await rig.pool.wait_calls("reply", MIN_SAMPLES)
+        rig.request(10)
+        await rig.pool.wait_calls("send", MIN_SAMPLES + 1)
+        rig.stalled_at = rig.clock.now()
+        rig.pool.wedge(rig.sent_to(MIN_SAMPLES))
+        await rig.pool.wait_calls("kill")
+        await rig.finish()
+        assert rig.owner.statistics().table.hedges == 1
+
+    rig = play(scenario, workers=2, hang=HangSettings())
+    stuck, t0 = rig.sent_to(MIN_SAMPLES), rig.stalled_at
+    hedge = rig.calls("send")[MIN_SAMPLES + 1]
+    assert hedge.worker != stuck and hedge.at == pytest.approx(t0 + 0.5)
+    assert hedge.texts == rig.calls("send")[MIN_SAMPLES].texts
+    last = rig.items[-10:]
+    answered = [c.at for c in rig.calls("settle") if c.texts[0] in {i.text for i in last}]
+    assert answered == pytest.approx([t0 + 0.5 + LATENCY] * 10)
+    (kill,) = rig.calls("kill")
+    assert kill.worker == stuck and kill.at == pytest.approx(t0 + 5.0)
     assert_each_answered_once_with_its_output(rig)
 
 

@@ -10,13 +10,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from batcher import Item, ItemId, Tier
 from failover import (
+    BatchTimes,
     ContractViolation,
     Dispatch,
+    HangSettings,
     InFlightTable,
     ModelError,
     QueryOfDeath,
     WorkerCrashed,
 )
+from failover.hang import MIN_SAMPLES
 from gpu_pool import BatchId, WorkerId
 
 MAX_ATTEMPTS = 3
@@ -38,7 +41,7 @@ def test_answer_goes_to_the_batch_items_in_order() -> None:
     sink, table = Sink(), InFlightTable()
     table.worker_up(WorkerId(1))
     items = make_items(sink, 0, 3)
-    d = table.assign(items, now=0.0, hang_timeout=5.0)
+    d = table.assign(items, now=0.0)
     actions = table.on_ok(d.worker, d.batch_id, ("a", "b", "c"))
     assert [(i.id, r) for i, r in actions.deliver] == [(0, "a"), (1, "b"), (2, "c")]
     assert actions.freed and table.idle_count() == 1
@@ -47,7 +50,7 @@ def test_answer_goes_to_the_batch_items_in_order() -> None:
 def test_a_late_answer_from_a_dead_worker_is_discarded() -> None:
     sink, table = Sink(), InFlightTable()
     table.worker_up(WorkerId(1))
-    d = table.assign(make_items(sink, 0, 2), now=0.0, hang_timeout=5.0)
+    d = table.assign(make_items(sink, 0, 2), now=0.0)
     died = table.on_worker_died(d.worker)
     assert len(died.retry) == 2
     assert table.on_ok(d.worker, d.batch_id, ("x", "y")).discarded
@@ -58,7 +61,7 @@ def test_items_fail_after_max_attempts_crashes() -> None:
     items = make_items(sink, 0, 1)
     for w in (1, 2):
         table.worker_up(WorkerId(w))
-        table.assign(items, now=0.0, hang_timeout=5.0)
+        table.assign(items, now=0.0)
         actions = table.on_worker_died(WorkerId(w))
     assert isinstance(actions.deliver[0][1], WorkerCrashed) and not actions.retry
 
@@ -66,7 +69,7 @@ def test_items_fail_after_max_attempts_crashes() -> None:
 def test_wrong_output_count_is_a_contract_violation_isolated_by_bisection() -> None:
     sink, table = Sink(), InFlightTable()
     table.worker_up(WorkerId(1))
-    d = table.assign(make_items(sink, 0, 1), now=0.0, hang_timeout=5.0)
+    d = table.assign(make_items(sink, 0, 1), now=0.0)
     actions = table.on_ok(d.worker, d.batch_id, ("a", "b"))
     assert isinstance(actions.deliver[0][1], ContractViolation)
 
@@ -76,7 +79,7 @@ def test_bisection_isolates_one_poison_item() -> None:
     table.worker_up(WorkerId(1))
     items = make_items(sink, 0, 51)
     poison = items[17]
-    d = table.assign(items, now=0.0, hang_timeout=5.0)
+    d = table.assign(items, now=0.0)
     while d is not None:
         texts = d.texts
         if poison.text in texts:
@@ -85,7 +88,7 @@ def test_bisection_isolates_one_poison_item() -> None:
             actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in texts))
         for item, result in actions.deliver:
             item.settle(result)
-        d = table.next_group(now=0.0, hang_timeout=5.0)
+        d = table.next_group(now=0.0)
     assert all(len(v) == 1 for v in sink.got.values()) and len(sink.got) == 51
     failed = [i for i, v in sink.got.items() if isinstance(v[0], ModelError)]
     assert failed == [poison.id]
@@ -95,7 +98,7 @@ def run_all(table: InFlightTable, items: list[Item], fails: Callable[[str], bool
     """Run `items` as one batch and every group bisected from it; the model raises on any
     batch holding an input that `fails`. Returns the number of runs."""
     table.worker_up(WorkerId(1))
-    d = table.assign(items, now=0.0, hang_timeout=5.0)
+    d = table.assign(items, now=0.0)
     runs = 0
     while d is not None:
         runs += 1
@@ -105,7 +108,7 @@ def run_all(table: InFlightTable, items: list[Item], fails: Callable[[str], bool
             actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in d.texts))
         for item, result in actions.deliver:
             item.settle(result)
-        d = table.next_group(now=0.0, hang_timeout=5.0)
+        d = table.next_group(now=0.0)
     return runs
 
 
@@ -137,7 +140,7 @@ def test_an_input_that_kills_its_worker_is_refused_alone_and_the_rest_answered()
     killer = items[7]
     workers = iter(range(1, 100))
     table.worker_up(WorkerId(next(workers)))
-    d: Dispatch | None = table.assign(items, now=0.0, hang_timeout=5.0)
+    d: Dispatch | None = table.assign(items, now=0.0)
     deaths = 0
     while d is not None:
         if killer.text in d.texts:  # os._exit in the model
@@ -149,19 +152,89 @@ def test_an_input_that_kills_its_worker_is_refused_alone_and_the_rest_answered()
         for item, result in actions.deliver:
             item.settle(result)
         # The retry lane, as the batcher cuts it: first, and together.
-        d = (table.assign(actions.retry, now=0.0, hang_timeout=5.0) if actions.retry
-             else table.next_group(now=0.0, hang_timeout=5.0))
+        d = (table.assign(actions.retry, now=0.0) if actions.retry
+             else table.next_group(now=0.0))
     assert isinstance(sink.got[killer.id][0], QueryOfDeath)
     assert all(sink.got[i.id] == [i.text[::-1]] for i in items if i is not killer)
     assert deaths <= 2 + 5 + 1  # once, twice, halvings down to one, and once alone
 
 
 def test_hung_batches_are_reported_after_their_deadline() -> None:
-    sink, table = Sink(), InFlightTable()
+    sink, table = Sink(), InFlightTable(times=BatchTimes(HangSettings(kill_after=5.0)))
     table.worker_up(WorkerId(1))
-    table.assign(make_items(sink, 0, 1), now=10.0, hang_timeout=5.0)
+    table.assign(make_items(sink, 0, 1), now=10.0)
     assert table.hung(now=14.9) == [] and table.hung(now=15.0) == [WorkerId(1)]
     assert table.hung(now=16.0) == []  # reported once; its death does the rest
+
+
+def hedging(workers: int) -> InFlightTable:
+    """A table that has learned 100 ms batches: stalled ones are hedged after 0.5 s."""
+    times = BatchTimes(HangSettings(hedge_floor=0.5, kill_after=5.0))
+    for _ in range(MIN_SAMPLES):
+        times.observe(0.1, 10)
+    table = InFlightTable(times=times)
+    for w in range(1, workers + 1):
+        table.worker_up(WorkerId(w))
+    return table
+
+
+def answer(table: InFlightTable, d: Dispatch) -> list[tuple[Item, str | BaseException]]:
+    actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in d.texts), 0.1)
+    assert not actions.discarded
+    for item, result in actions.deliver:
+        item.settle(result)
+    return actions.deliver
+
+
+@pytest.mark.parametrize("first", ["original", "hedge"])
+def test_a_stalled_batch_runs_again_elsewhere_and_the_first_answer_wins(first: str) -> None:
+    sink, table = Sink(), hedging(2)
+    d = table.assign(make_items(sink, 0, 3), now=0.0)
+    assert table.hedge(now=0.49) == 0 and table.next_group(now=0.49) is None
+    assert table.hedge(now=0.5) == 1
+    h = table.next_group(now=0.5)
+    assert h is not None and h.worker != d.worker and h.texts == d.texts
+    winner, loser = (d, h) if first == "original" else (h, d)
+    assert len(answer(table, winner)) == 3
+    assert answer(table, loser) == []  # both workers are free again; nothing twice
+    assert sink.got == {i: [f"in-{i}"[::-1]] for i in range(3)}
+    assert table.idle_count() == 2 and table.statistics().hedges == 1
+    assert table.hedge(now=100.0) == 0  # neither copy is hedged again
+
+
+def test_a_hedge_waiting_for_a_worker_keeps_its_items_when_the_original_dies() -> None:
+    sink, table = Sink(), hedging(1)
+    d = table.assign(make_items(sink, 0, 2), now=0.0)
+    table.hedge(now=0.5)
+    assert table.next_group(now=0.5) is None  # the only worker is the stalled one
+    assert table.hung(now=5.0) == [d.worker]
+    died = table.on_worker_died(d.worker)
+    assert died.retry == [] and died.deliver == []  # the waiting hedge runs them
+    table.worker_up(WorkerId(2))
+    h = table.next_group(now=6.0)
+    assert h is not None and h.texts == d.texts
+    assert len(answer(table, h)) == 2 and all(i.attempts == 0 for i in table.abandon())
+
+
+def test_a_failure_of_one_copy_leaves_its_items_to_the_other() -> None:
+    sink, table = Sink(), hedging(2)
+    items = make_items(sink, 0, 2)
+    d = table.assign(items, now=0.0)
+    table.hedge(now=0.5)
+    h = table.next_group(now=0.5)
+    assert h is not None
+    failed = table.on_error(d.worker, d.batch_id, ModelError("E", "x"))
+    assert failed.deliver == [] and table.statistics().pending_groups == 0  # no bisection
+    assert table.on_worker_died(h.worker).retry == items  # the last copy decides
+
+
+def test_items_that_already_cost_a_worker_are_never_hedged() -> None:
+    sink, table = Sink(), hedging(2)
+    items = make_items(sink, 0, 2)
+    first = table.assign(items, now=0.0)
+    assert table.on_worker_died(first.worker).retry == items
+    table.assign(items, now=1.0)
+    assert table.hedge(now=100.0) == 0
 
 
 def test_max_attempts_is_validated() -> None:
@@ -170,12 +243,14 @@ def test_max_attempts_is_validated() -> None:
 
 
 class TableMachine(RuleBasedStateMachine):
-    """Random dispatch, answers, model errors, crashes, late answers and cancellations."""
+    """Random dispatch, answers, model errors, crashes, late answers, hedges of stalled
+    batches and cancellations."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sink = Sink()
-        self.table = InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=8)
+        self.table = InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=8,
+                                   times=hedging(0).times)
         self.next_worker = 1
         self.next_item = 0
         self.waiting: list[Item] = []  # queued or re-routed, not in flight
@@ -193,7 +268,7 @@ class TableMachine(RuleBasedStateMachine):
         self._start_groups()
 
     def _start_groups(self) -> None:
-        while (d := self.table.next_group(0.0, 5.0)) is not None:
+        while (d := self.table.next_group(0.0)) is not None:
             self.in_flight[d.worker] = (d.batch_id, d.texts)
 
     @rule()
@@ -213,7 +288,7 @@ class TableMachine(RuleBasedStateMachine):
     @rule(n=st.integers(1, 100))
     def dispatch(self, n: int) -> None:
         batch, self.waiting = self.waiting[:n], self.waiting[n:]
-        d = self.table.assign(batch, 0.0, 5.0)
+        d = self.table.assign(batch, 0.0)
         self.in_flight[d.worker] = (d.batch_id, d.texts)
 
     @precondition(lambda self: self.in_flight)
@@ -230,6 +305,13 @@ class TableMachine(RuleBasedStateMachine):
         else:
             self.dead_batches.append((worker, batch_id, texts))
             self._apply(self.table.on_worker_died(worker))
+
+    @precondition(lambda self: self.in_flight)
+    @rule()
+    def stall(self) -> None:
+        """Time passes the hedge deadline: every batch still running is hedged (once)."""
+        self.table.hedge(now=1.0)
+        self._start_groups()
 
     @precondition(lambda self: self.dead_batches)
     @rule(data=st.data())
