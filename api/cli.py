@@ -75,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from api.app import build
     from api.draining import DrainingServer
+    from api.http_guard import guarded_protocol
 
     settings = settings_from(args)
     forget_secrets(os.environ)  # read: the processes spawned from here need not see them
@@ -91,6 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
+        http=guarded_protocol(settings.connection_limits),
     )
     DrainingServer(config, settings.drain_delay_s, service.leave).run()
     return 0

@@ -15,15 +15,18 @@ that mirrors its error code:
     BatchgateError                   .status, .code, .message, .retry_after
     ├── BadRequest              400  malformed_json, invalid_request, invalid_timeout, ...
     ├── Unauthorized            401
+    ├── RequestTimeout          408  request_timeout: the upload stalled; retried
     ├── PayloadTooLarge         413  body_too_large, input_too_large
     ├── UnsupportedMediaType    415  unsupported_media_type
+    ├── HeadersTooLarge         431  headers_too_large
     ├── Unprocessable           422  empty_inputs, too_many_inputs, unknown_model
     │   └── IdempotencyKeyReused     idempotency_key_reused
     ├── RateLimited             429  retried
     ├── ServerError             500  internal
     │   └── ModelError               model_error, contract_violation, query_of_death
     ├── Unavailable             503  retried
-    │   ├── Overloaded               over_budget, overloaded, deadline_unreachable, queue_full
+    │   ├── Overloaded               over_budget, overloaded, deadline_unreachable,
+    │   │                            queue_full, too_many_connections
     │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down
     ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
     └── ConnectionFailed             no answer (refused, reset) after the retries
@@ -67,12 +70,20 @@ class Unauthorized(BatchgateError):
     status = 401
 
 
+class RequestTimeout(BatchgateError):
+    status = 408
+
+
 class PayloadTooLarge(BatchgateError):
     status = 413
 
 
 class UnsupportedMediaType(BatchgateError):
     status = 415
+
+
+class HeadersTooLarge(BatchgateError):
+    status = 431
 
 
 class Unprocessable(BatchgateError):
@@ -116,18 +127,18 @@ class ConnectionFailed(BatchgateError):
 
 
 BY_STATUS: dict[int, type[BatchgateError]] = {
-    c.status: c for c in (BadRequest, Unauthorized, PayloadTooLarge, UnsupportedMediaType,
-                          Unprocessable, RateLimited, ServerError, Unavailable,
-                          DeadlineExceeded)}
+    c.status: c for c in (BadRequest, Unauthorized, RequestTimeout, PayloadTooLarge,
+                          UnsupportedMediaType, HeadersTooLarge, Unprocessable, RateLimited,
+                          ServerError, Unavailable, DeadlineExceeded)}
 BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
     **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
-    **dict.fromkeys(("over_budget", "overloaded", "deadline_unreachable", "queue_full"),
-                    Overloaded),
+    **dict.fromkeys(("over_budget", "overloaded", "deadline_unreachable", "queue_full",
+                     "too_many_connections"), Overloaded),
     **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down"),
                     NoHealthyWorker),
 }
-RETRIED = (ConnectionFailed, RateLimited, Unavailable)
+RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 
 
 def error_from(response: httpx.Response) -> BatchgateError:
@@ -336,7 +347,8 @@ class AsyncClient(_Base):
 
 __all__ = [
     "AsyncClient", "BadRequest", "BatchgateError", "Client", "ConnectionFailed",
-    "DeadlineExceeded", "IdempotencyKeyReused", "ModelError", "NoHealthyWorker",
-    "Overloaded", "PayloadTooLarge", "RateLimited", "RetryPolicy", "ServerError",
-    "Unauthorized", "Unavailable", "Unprocessable", "UnsupportedMediaType", "error_from",
+    "DeadlineExceeded", "HeadersTooLarge", "IdempotencyKeyReused", "ModelError",
+    "NoHealthyWorker", "Overloaded", "PayloadTooLarge", "RateLimited", "RequestTimeout",
+    "RetryPolicy", "ServerError", "Unauthorized", "Unavailable", "Unprocessable",
+    "UnsupportedMediaType", "error_from",
 ]

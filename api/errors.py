@@ -45,6 +45,8 @@ ERRORS: dict[str, ErrorCode] = {
     "idempotency_needs_key": ErrorCode(400, "Idempotency-Key sent without an API key"),
     "unauthorized": ErrorCode(401, "unknown key, or no key where anonymous use is off"),
     "not_found": ErrorCode(404, "no such path"),
+    "request_timeout": ErrorCode(408, "the head or body did not arrive within "
+                                      "--head-timeout-s or --body-timeout-s"),
     "method_not_allowed": ErrorCode(405, "the path does not take this method"),
     "body_too_large": ErrorCode(413, "the body is over --max-body-bytes"),
     "input_too_large": ErrorCode(413, "a string is over --max-input-chars"),
@@ -52,6 +54,8 @@ ERRORS: dict[str, ErrorCode] = {
     "too_many_inputs": ErrorCode(422, "inputs holds more than --max-inputs strings"),
     "unknown_model": ErrorCode(422, "model names another model than the one served"),
     "unsupported_media_type": ErrorCode(415, "a Content-Type other than application/json"),
+    "headers_too_large": ErrorCode(431, "the head is over --max-header-bytes, or has more "
+                                        "than --max-headers headers"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
     "client_closed": ErrorCode(499, "the client left; its items were withdrawn unrun"),
@@ -64,6 +68,7 @@ ERRORS: dict[str, ErrorCode] = {
     "overloaded": ErrorCode(503, "admission refused the request"),
     "deadline_unreachable": ErrorCode(503, "admission: the deadline cannot be met"),
     "queue_full": ErrorCode(503, "the tier's queue is at its capacity"),
+    "too_many_connections": ErrorCode(503, "the process holds --max-connections connections"),
     "no_healthy_worker": ErrorCode(503, "no worker is ready"),
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),
     "shutting_down": ErrorCode(503, "the server is draining"),

@@ -26,6 +26,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
 
     from api.app import http_app, on_sighup, settle_heap
     from api.auth import load_keys
+    from api.http_guard import guarded_protocol
     from api.link import RemoteCore
     from api.metrics import Metrics
     from api.routes import Routes
@@ -65,6 +66,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     config = uvicorn.Config(
         app, log_level=settings.log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=30, proxy_headers=False,
+        http=guarded_protocol(settings.connection_limits),
     )
     server = uvicorn.Server(config)
     server.run(sockets=[sock])

@@ -13,11 +13,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batcher import MAX_BATCH
 from failover.hang import HangSettings
 from gpu_pool import validate_spec
+
+if TYPE_CHECKING:
+    from api.http_guard import ConnectionLimits
 
 ACCESS_LOG_FORMATS = ("off", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -100,6 +103,17 @@ class Settings:
     max_body_bytes: int = field(default=1_048_576, metadata=doc("request body limit in bytes"))
     max_input_chars: int = field(default=10_000, metadata=doc("characters per input string"))
     max_inputs: int = field(default=MAX_BATCH, metadata=doc("strings per request in `inputs`"))
+    max_connections: int = field(default=4096, metadata=doc(
+        "open connections per HTTP process; one more is answered 503 too_many_connections "
+        "and closed"))
+    head_timeout_s: float = field(default=10.0, metadata=doc(
+        "to send a request's head, from connecting (or the previous answer): then 408, or a "
+        "quiet close if nothing came"))
+    body_timeout_s: float = field(default=30.0, metadata=doc(
+        "to send the body once the head is in: then 408"))
+    max_header_bytes: int = field(default=16_384, metadata=doc(
+        "request line and headers, in bytes: 431 beyond"))
+    max_headers: int = field(default=100, metadata=doc("headers per request: 431 beyond"))
     idempotency_ttl_s: float = field(default=86_400.0, metadata=doc(
         "how long idempotent answers are kept"))
     idempotency_max_entries: int = field(default=100_000, metadata=doc(
@@ -140,6 +154,11 @@ class Settings:
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
         _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")
         _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")
+        _check(self.max_connections >= 1, "max-connections must be at least 1")
+        _check(self.head_timeout_s > 0 and self.body_timeout_s > 0,
+               "head-timeout-s and body-timeout-s must be > 0")
+        _check(self.max_header_bytes >= 1024, "max-header-bytes must be at least 1024")
+        _check(self.max_headers >= 8, "max-headers must be at least 8")
         _check(self.idempotency_ttl_s > 0, "idempotency-ttl-s must be > 0")
         _check(self.idempotency_max_entries >= 1, "idempotency-max-entries must be >= 1")
         _check(self.idempotency_max_bytes >= 1, "idempotency-max-bytes must be >= 1")
@@ -157,6 +176,16 @@ class Settings:
         if self.batch_latency_ms is not None:
             return self.batch_latency_ms / 1000
         return 0.100 if self.model == "sim" else 0.0
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        from api.http_guard import ConnectionLimits
+
+        return ConnectionLimits(
+            max_connections=self.max_connections, head_timeout=self.head_timeout_s,
+            body_timeout=self.body_timeout_s, max_header_bytes=self.max_header_bytes,
+            max_headers=self.max_headers,
+        )
 
     @property
     def hang(self) -> HangSettings:

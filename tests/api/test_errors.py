@@ -16,12 +16,16 @@ STARLETTE = {("not_found", 404), ("method_not_allowed", 405)}  # api/app.py _htt
 
 
 def literal_errors() -> set[tuple[str, int]]:
-    """(code, status) of every `ApiError(status, "code", ...)` and `error_response(...)`."""
+    """(code, status) of every `ApiError(status, "code", ...)`, `error_response(...)`, and
+    the HTTP protocol's own `self._refuse(...)`."""
     found = set()
     for path in (ROOT / "api").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                    and node.func.id in ("ApiError", "error_response") and len(node.args) > 1
+            if not isinstance(node, ast.Call):
+                continue
+            name = (node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                    if isinstance(node.func, ast.Attribute) else "")
+            if (name in ("ApiError", "error_response", "_refuse") and len(node.args) > 1
                     and isinstance(node.args[0], ast.Constant)
                     and isinstance(node.args[1], ast.Constant)):
                 found.add((node.args[1].value, node.args[0].value))

@@ -1,0 +1,185 @@
+"""uvicorn's HTTP protocol with the limits a public port needs.
+
+Left alone, an idle socket, a head sent one byte every 2 s and a body sent one byte every
+2 s were all still open after 20 s, and a 16 MB header and 20,000 headers were read whole.
+Each connection here is held to:
+
+- `max_connections` open at once per process: one more is answered 503
+  `too_many_connections` and closed before anything is read from it;
+- `head_timeout` to deliver a request's head, counted from the connection's opening (or the
+  previous request's end): an idle connection is closed quietly, a half-sent head gets 408
+  `request_timeout`; between requests uvicorn's keep-alive timeout applies as before;
+- `body_timeout` to deliver the body once the head is in: 408 `request_timeout`, and the
+  handler waiting for the body sees the client gone;
+- `max_header_bytes` of head (request line and headers) and `max_headers` headers: 431
+  `headers_too_large`, counted as bytes arrive, so an oversized head is never buffered.
+
+Each refusal is a JSON error with `Connection: close`, written by the protocol itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.errors import error_body
+
+log = logging.getLogger("batchgate.http")
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
+            503: b"Service Unavailable"}
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 4096
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_header_bytes: int = 16_384
+    max_headers: int = 100
+
+
+class _HeadersTooLarge(Exception):
+    """Raised from a parser callback to stop parsing; the 431 is already written."""
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
+    """uvicorn's `http=` protocol class holding every connection to `limits`."""
+
+    class Guarded(GuardedHttpProtocol):
+        LIMITS = limits
+
+    return Guarded
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    LIMITS = ConnectionLimits()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # the next bytes are (part of) a request's head
+        self._head_bytes = 0  # raw bytes received while the head is incomplete
+        self._head_size = 0  # of the head parsed so far: target and headers
+        self._header_count = 0
+        self._refused = False
+
+    # -- the connection --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.LIMITS.max_connections:
+            log.warning("refused a connection: %d open", len(self.connections) - 1)
+            self._refuse(503, "too_many_connections",
+                         "the server holds as many connections as it takes; retry shortly",
+                         retry_after=1)
+            return
+        self._arm(self.LIMITS.head_timeout, self._head_timed_out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # Still no whole head: every byte counted is head (httptools buffers it).
+        if self._in_head and self._head_bytes > self.LIMITS.max_header_bytes:
+            self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} bytes")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # a refusal stopped the parser: its answer is already out
+            super().send_400_response(msg)
+
+    # -- parser callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = self._head_size = 0
+        if self._timer is None:  # a keep-alive connection's next request has begun
+            self._arm(self.LIMITS.head_timeout, self._head_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        self._grow(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.LIMITS.max_headers:
+            self._too_large(f"the request has more than {self.LIMITS.max_headers} headers")
+            raise _HeadersTooLarge
+        self._grow(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _grow(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > self.LIMITS.max_header_bytes:
+            self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} bytes")
+            raise _HeadersTooLarge
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_bytes = False, 0
+        self._arm(self.LIMITS.body_timeout, self._body_timed_out)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head = True
+        super().on_message_complete()
+
+    # -- timers ------------------------------------------------------------------------------
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_bytes == 0:  # idle: nothing to answer
+            self.transport.close()
+            return
+        self._refuse(408, "request_timeout",
+                     f"the request head did not arrive within {self.LIMITS.head_timeout:g} s")
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or cycle.response_started:
+            return
+        cycle.disconnected = True  # the handler waiting for the body sees the client gone
+        cycle.message_event.set()
+        self._refuse(408, "request_timeout",
+                     f"the request body did not arrive within {self.LIMITS.body_timeout:g} s")
+
+    # -- refusals ----------------------------------------------------------------------------
+    def _too_large(self, message: str) -> None:
+        if not self._refused:
+            self._refuse(431, "headers_too_large", message)
+
+    def _refuse(self, status: int, code: str, message: str, retry_after: int | None = None
+                ) -> None:
+        self._refused = True
+        self._disarm()
+        body = error_body(code, message)
+        head = [b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+                b"content-type: application/json",
+                b"content-length: %d" % len(body), b"connection: close"]
+        if retry_after is not None:
+            head.append(b"retry-after: %d" % retry_after)
+        if not self.transport.is_closing():
+            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+            self.transport.close()
+
+
+__all__ = ["ConnectionLimits", "GuardedHttpProtocol", "guarded_protocol"]
