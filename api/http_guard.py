@@ -63,10 +63,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._in_head = True  # the next bytes are (part of) a request's head
-        self._head_bytes = 0  # raw bytes received while the head is incomplete
-        self._head_size = 0  # of the head parsed so far: target and headers
-        self._header_count = 0
+        self._head_bytes = 0  # raw bytes received since the head began
         self._refused = False
+
+    # A request whose head and body arrive in one read, the usual case, arms no timer: the
+    # checks run once per read and once per head, and cost about a microsecond a request.
 
     # -- the connection --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -77,7 +78,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                          "the server holds as many connections as it takes; retry shortly",
                          retry_after=1)
             return
-        self._arm(self.LIMITS.head_timeout, self._head_timed_out)
+        self._arm(self.LIMITS.head_timeout, self._head_timed_out)  # until the first head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -89,42 +90,35 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
-        # Still no whole head: every byte counted is head (httptools buffers it).
-        if self._in_head and self._head_bytes > self.LIMITS.max_header_bytes:
-            self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} bytes")
+        if self._refused or self._timer is not None:
+            return
+        if self._in_head:
+            if self._head_bytes > self.LIMITS.max_header_bytes:
+                # No whole head yet, so every byte counted is head (httptools buffers it).
+                self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} "
+                                "bytes")
+            elif self._head_bytes:  # a head begun and not finished
+                self._arm(self.LIMITS.head_timeout, self._head_timed_out)
+        elif self.cycle is not None and self.cycle.more_body:  # a body begun and not finished
+            self._arm(self.LIMITS.body_timeout, self._body_timed_out)
 
     def send_400_response(self, msg: str) -> None:
         if not self._refused:  # a refusal stopped the parser: its answer is already out
             super().send_400_response(msg)
 
     # -- parser callbacks ------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._header_count = self._head_size = 0
-        if self._timer is None:  # a keep-alive connection's next request has begun
-            self._arm(self.LIMITS.head_timeout, self._head_timed_out)
-
-    def on_url(self, url: bytes) -> None:
-        self._grow(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.LIMITS.max_headers:
-            self._too_large(f"the request has more than {self.LIMITS.max_headers} headers")
-            raise _HeadersTooLarge
-        self._grow(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def _grow(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > self.LIMITS.max_header_bytes:
-            self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} bytes")
-            raise _HeadersTooLarge
-
     def on_headers_complete(self) -> None:
+        self._disarm()
+        limits = self.LIMITS
+        if len(self.headers) > limits.max_headers:
+            self._too_large(f"the request has more than {limits.max_headers} headers")
+            raise _HeadersTooLarge
+        if self._head_bytes > limits.max_header_bytes and len(self.url) + sum(
+                len(name) + len(value) + 4 for name, value in self.headers
+        ) > limits.max_header_bytes:  # the read held more than the head: measure the head
+            self._too_large(f"the request head is over {limits.max_header_bytes} bytes")
+            raise _HeadersTooLarge
         self._in_head, self._head_bytes = False, 0
-        self._arm(self.LIMITS.body_timeout, self._body_timed_out)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
