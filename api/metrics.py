@@ -22,7 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from batcher import FlushReason
-from failover import CoreStatistics
+from failover import CoreStatistics, IdempotencyStatistics
 
 LATENCY_BUCKETS = (
     0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10, 30,
@@ -41,6 +41,7 @@ class Snapshot:
     workers: dict[str, int]
     crashes: int
     tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
+    idempotency: IdempotencyStatistics | None = None
 
 
 class _StatsCollector(Collector):
@@ -104,6 +105,15 @@ class _StatsCollector(Collector):
             "batchgate_arrival_rate", "Items per second arriving (decaying average)",
             value=b.arrival_rate,
         )
+        if (store := s.idempotency) is not None:
+            yield GaugeMetricFamily(
+                "batchgate_idempotency_entries", "Idempotent answers kept", value=store.entries)
+            yield GaugeMetricFamily(
+                "batchgate_idempotency_bytes", "What the kept idempotent answers cost, in bytes",
+                value=store.bytes)
+            yield CounterMetricFamily(
+                "batchgate_idempotency_evictions", "Idempotent answers evicted by the bounds",
+                value=store.evictions)
 
     def _busy(self, s: Snapshot) -> Iterator[Metric]:
         """Busy seconds as a counter, and the busy ratio of the ready workers since the

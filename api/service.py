@@ -155,6 +155,7 @@ class Service:
             workers=self.pool.state_counts(),
             crashes=self.pool.crashes,
             tier_gauges=gauges,
+            idempotency=self.idempotency.statistics(),
         )
 
 

@@ -66,6 +66,7 @@ class ProbeConfig:
     max_connections: int = 1024
     max_in_flight: int = 50_000
     input_chars: int = 16
+    idempotency: bool = False  # an Idempotency-Key of its own on every request
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -252,7 +253,9 @@ class _Probe:
         cls = min(cls, len(self.cum) - 1)
         text = f"r{n}-{self.tag}".ljust(self.cfg.input_chars, "x")
         body = orjson.dumps({"input": text})
-        req = _Req(text, at, cls, b"%s%d\r\n\r\n%s" % (self.heads[cls], len(body), body))
+        key = b"Idempotency-Key: %s\r\n" % text.encode() if self.cfg.idempotency else b""
+        req = _Req(text, at, cls, b"%s%sContent-Length: %d\r\n\r\n%s"
+                   % (self.heads[cls], key, len(body), body))
         req.timer = self.loop.call_at(at + self.cfg.timeout_s, self._timeout, req)
         self.outstanding += 1
         self.tallies[cls].sent += 1
@@ -393,7 +396,7 @@ class _Probe:
 def _head(host: str, port: int, path: str, cls: TrafficClass) -> bytes:
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json"]
     lines += [f"{k}: {v}" for k, v in cls.headers]
-    return ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")
 
 
 async def run_probe(config: ProbeConfig) -> ProbeResult:
@@ -417,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=None, help="pool size (default: auto)")
     p.add_argument("--max-in-flight", type=int, default=50_000)
     p.add_argument("--input-chars", type=int, default=16)
+    p.add_argument("--idempotency", action="store_true",
+                   help="send a unique Idempotency-Key with every request")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--mix", action="append", type=_mix, metavar="NAME:WEIGHT[:BEARER_KEY]",
                    help="a traffic class; repeat to mix, e.g. paid:3:paid-demo-key")
@@ -426,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url=a.url, rps=a.rps, duration_s=a.duration, arrival=a.arrival, timeout_s=a.timeout,
         connections=a.connections, max_in_flight=a.max_in_flight, input_chars=a.input_chars,
         seed=a.seed, classes=tuple(a.mix or [TrafficClass("default")]),
+        idempotency=a.idempotency,
     )
     result = asyncio.run(run_probe(cfg))
     as_json = orjson.dumps(asdict(result), option=orjson.OPT_NON_STR_KEYS).decode()

@@ -159,6 +159,10 @@ async def test_twenty_requests_with_one_key_run_the_model_once(
         assert other.status_code == 422
         assert other.json()["error"]["code"] == "idempotency_key_reused"
         assert count.read_text().splitlines() == ["once"]
+        m = fetch_metrics(srv.url)  # one answer kept, and what it costs
+        assert metric(m, "batchgate_idempotency_entries") == 1
+        assert 400 < metric(m, "batchgate_idempotency_bytes") < 2000
+        assert metric(m, "batchgate_idempotency_evictions_total") == 0
 
 
 async def honour_retry_after(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import tracemalloc
 from dataclasses import dataclass
 
 import anyio
+import orjson
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -156,6 +158,29 @@ def test_the_store_is_bounded_in_bytes_heaviest_account_first() -> None:
         assert s.statistics().bytes <= 50_000
     assert s.begin("small", "k", b"x", 2.0) == Replay(OK)  # the heavy one paid for it
     assert s.statistics().entries == 1 + 4
+
+
+def test_what_the_store_counts_is_what_its_answers_take() -> None:
+    """Bodies as the server makes them (orjson, which leaves each in a 4 KiB block): the kept
+    answers take no more memory than the store counts toward --idempotency-max-bytes."""
+    n = 5_000
+    store = MemoryIdempotencyStore(ttl=60.0, max_entries=n)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            key = f"r{i}-{i:08x}"
+            begin = store.begin(f"acct-{i % 8}", key, key.encode()[:16], 0.0)
+            assert isinstance(begin, Lead)
+            body = orjson.dumps({"id": f"{i:016x}", "output": key[::-1]})
+            store.complete(begin.entry, StoredResponse(200, body), 0.0)
+        del begin, body
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = store.statistics().bytes
+    assert store.statistics().entries == n
+    assert used <= counted <= 1.5 * used, (used / n, counted / n)
 
 
 def test_in_flight_entries_are_never_evicted_but_push_completed_ones_out() -> None:
