@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -88,6 +90,43 @@ async def test_a_stopped_busy_worker_costs_no_request_anything_but_latency() -> 
         assert metric(m, "batchgate_batch_hedges_total") >= 1
         assert metric(m, "batchgate_worker_hangs_total") == 1
         await workers_in_state(srv.url, "ready", 3)  # the killed one was restarted
+
+
+async def test_a_restart_that_runs_out_of_descriptors_is_retried_until_it_succeeds(
+    gateways: int,
+) -> None:
+    """The report's zombie: out of file descriptors (idle connections hold them), a killed
+    worker's restart fails; it is retried with backoff, and once the connections close the
+    worker is back and the server answers. Before, the pool's task group died and every
+    POST got 503 for good."""
+    if gateways > 1:
+        pytest.skip("the pool lives in the core process, which holds no client connections")
+    admin = {"BATCHGATE_ADMIN_KEY": "admin-demo-key"}
+    with running_server(workers=1, args=["--head-timeout-s", "120"], env=admin) as srv:
+        (worker,) = await workers_in_state(srv.url, "ready", 1)
+        fds = lambda: len(os.listdir(f"/proc/{srv.pid}/fd"))  # noqa: E731
+        soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (fds() + 4, hard))
+        idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(12)]
+        try:
+            with anyio.fail_after(10):  # the server accepts until it is out of descriptors
+                while fds() < resource.prlimit(srv.pid, resource.RLIMIT_NOFILE)[0]:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)  # another process: poll it
+            os.kill(worker, signal.SIGKILL)
+            with anyio.fail_after(20):
+                while "could not start a worker" not in srv.log_path.read_text():  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # its log, another process's
+        finally:
+            for sock in idle:
+                sock.close()
+            resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        async with httpx.AsyncClient(base_url=srv.url, timeout=10) as client:
+            with anyio.fail_after(60):  # the retry's backoff grows: 0.5, 1, 2, 4 s...
+                while (await client.post(  # noqa: ASYNC110 (another process)
+                        "/v1/batchstring", json={"input": "back"})).status_code != 200:
+                    await anyio.sleep(0.1)
+        (again,) = await workers_in_state(srv.url, "ready", 1)
+        assert again != worker and srv.process.poll() is None
 
 
 async def test_one_poison_input_fails_alone_in_a_batch_of_51() -> None:
