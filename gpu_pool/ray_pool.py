@@ -41,6 +41,7 @@ from gpu_pool.worker import WorkerConfig
 
 log = logging.getLogger("batchgate.ray_pool")
 
+CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
 
 
@@ -207,6 +208,7 @@ class RayPool:
             ray.init(address="local", resources=self._settings.local_resources(),
                      namespace=self._namespace, include_dashboard=False)
         else:
+            _check_reachable(self._settings.address)
             ray.init(address=self._settings.address, namespace=self._namespace)
         self._owns_ray = True
         fit = self._capacity()
@@ -342,6 +344,19 @@ class RayPool:
     def _signal_change(self) -> None:
         if self._changed is not None:
             self._changed.set()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a head that is not there: ray.init retries a refused address for
+    about 13 minutes (measured) before it gives up."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # not host:port ("auto", a Ray Client address): Ray's own checks apply
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
 __all__ = ["ActorState", "RayPool"]

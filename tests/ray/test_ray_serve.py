@@ -14,7 +14,14 @@ pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[
 from api.client import Client
 from loadtest.probe import ProbeConfig, TrafficClass, run_probe
 from loadtest.probe_results import ProbeResult
-from loadtest.server import fetch_metrics, metric, parse_metrics, running_server
+from loadtest.server import (
+    ServerError,
+    fetch_metrics,
+    metric,
+    parse_metrics,
+    running_server,
+    start_server,
+)
 from tests.e2e.helpers import patient_keys
 from tests.e2e.test_minilm import CASES
 from tests.ray.lab import Lab, in_state, kill_actor, up, wait_workers
@@ -49,7 +56,8 @@ async def test_300_rps_on_four_actors_on_two_nodes_all_answered_correctly(
 async def test_ray_kill_of_a_busy_actor_loses_nothing_and_the_pool_comes_back_to_four(
     lab: Lab, tmp_path: Path
 ) -> None:
-    args = [*lab.serve_args(), *patient_keys(tmp_path), *SLOW_BATCHES]
+    # In a cell of two gateways: the pool, and Ray with it, lives in the core process.
+    args = [*lab.serve_args(), *patient_keys(tmp_path), *SLOW_BATCHES, "--gateways", "2"]
     with running_server(4, "sim", args) as srv:
         await wait_workers(srv.url, lambda ws: len(up(ws)) == 4)
         results: list[ProbeResult] = []
@@ -116,3 +124,9 @@ def test_the_real_model_on_ray_labels_topical_sentences_over_http(lab: Lab) -> N
     with (running_server(1, "minilm", lab.serve_args(), ready_timeout_s=240) as srv,
           Client(srv.url, timeout=120) as client):
         assert client.batchstring(list(CASES)) == list(CASES.values())
+
+
+def test_a_head_that_is_not_there_fails_the_start_in_seconds() -> None:
+    with pytest.raises(ServerError, match="cannot reach the Ray cluster"):
+        start_server(1, "sim", ["--pool", "ray", "--ray-address", "127.0.0.1:1"],
+                     ready_timeout_s=60)
