@@ -9,8 +9,11 @@ namespace ends with the last process in it.
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import subprocess
+import sys
 from collections.abc import Sequence
 
 _UP_THEN_EXEC = 'ip link set lo up && exec "$@"'
@@ -39,4 +42,12 @@ def netns_unavailable() -> str | None:
     return None
 
 
-__all__ = ["loopback_only", "netns_argv", "netns_unavailable"]
+def rerun_isolated(module: str, argv: Sequence[str]) -> int:
+    """Run `python -m module argv` in such a namespace and return its exit status. A Ray
+    token in the environment spares Ray writing one to ~/.ray/auth_token."""
+    env = {**os.environ, "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN")
+           or secrets.token_hex(16)}
+    return subprocess.call(netns_argv([sys.executable, "-m", module, *argv]), env=env)
+
+
+__all__ = ["loopback_only", "netns_argv", "netns_unavailable", "rerun_isolated"]
