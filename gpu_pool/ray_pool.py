@@ -164,8 +164,13 @@ class RayPool:
         slot = self._by_worker.get(worker)
         if slot is None or slot.state is not ActorState.READY:
             return
+        try:
+            ref = slot.actor.run.remote(run)
+        except RayError:  # this process lost Ray itself: as good as the actor gone
+            self._lost(slot, worker)
+            return
         slot.state = ActorState.BUSY
-        self._call(slot, worker, slot.actor.run.remote(run), self._on_reply)
+        self._call(slot, worker, ref, self._on_reply)
 
     def kill(self, worker: WorkerId) -> None:
         """`ray.kill` the actor (hung batch) and report its death now: an actor on a node
@@ -174,11 +179,6 @@ class RayPool:
         if slot is not None:
             log.warning("killing worker %s (node %s, pid %s)", worker, slot.node, slot.pid)
             self._lost(slot, worker)
-
-    def _placed(self) -> int:
-        """Actors known to hold their room: placed, loading or up."""
-        up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
-        return sum(s.state in up for s in self._slots)
 
     def ready_count(self) -> int:
         return sum(s.state in (ActorState.READY, ActorState.BUSY) for s in self._slots)
@@ -221,6 +221,11 @@ class RayPool:
         """How many workers the cluster's nodes hold, all together."""
         total = ray.cluster_resources()
         return min(int(total.get(k, 0.0) // v) for k, v in self._settings.resources.items())
+
+    def _placed(self) -> int:
+        """Actors known to hold their room: placed, loading or up."""
+        up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
+        return sum(s.state in up for s in self._slots)
 
     def _disconnect(self, actors: list[Any]) -> None:
         for actor in actors:
