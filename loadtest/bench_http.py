@@ -5,9 +5,12 @@ most N x 1,000 items/s; the flush policy alone allows the figures in DESIGN.md. 
 generator shares this machine's cores with the server (2 here): the `client cpu` column
 and the `gen` flag say how much it took and whether it kept to its schedule.
 
-`--pools process ray` runs each rate on both pools; a `ray` server starts a local Ray of
-one node, whose daemons (GCS, raylet, agents) count in the workers' CPU with the actors.
-The per-batch overhead of each pool, measured through the pool seam, follows the rows.
+`batch` is the model's mean time per batch; `ovh` what a batch costs beyond it, from the
+core's cut to its handling of the answer (the pool's transport and the owner's wake-up),
+the mean over the run. `--pools process ray` runs each rate on both pools; a `ray` server
+starts a local Ray of one node, whose daemons (GCS, raylet, agents) count in the workers'
+CPU with the actors. Each pool's per-batch overhead alone, one batch at a time through the
+pool seam with nothing else running, follows the rows.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Row:
     p99_ms: float
     mean_fill: float
     mean_batch_ms: float
+    batch_overhead_ms: float  # per batch: held by a worker (cut to answer handled) less model
     flushes: dict[str, int]
     server_cpu_ms_per_req: float  # the core process (in a single process, all the HTTP too)
     gateway_cpu_ms_per_req: float  # the gateway processes together (0 in a single process)
@@ -136,6 +140,10 @@ def _row(
         mean_fill=delta("batchgate_batch_size_sum") / batches if batches else 0.0,
         mean_batch_ms=delta("batchgate_batch_duration_seconds_sum") * 1e3 / batches
         if batches else 0.0,
+        # Both reads fall between runs, with no batch in flight: the difference is exact.
+        batch_overhead_ms=(delta("batchgate_worker_busy_seconds_total")
+                           - delta("batchgate_batch_duration_seconds_sum")) * 1e3 / batches
+        if batches else 0.0,
         flushes={k: int(delta("batchgate_batch_flush_total", reason=k)) for k in REASONS},
         server_cpu_ms_per_req=cpu[0] * 1e3 / answered,
         gateway_cpu_ms_per_req=cpu[1] * 1e3 / answered,
@@ -149,7 +157,7 @@ def _row(
 
 HEADER = (
     f"{'scenario':<20} {'wk':>2} {'offer':>6} {'sent':>6} {'achvd':>6} {'p50':>6} {'p95':>6} "
-    f"{'p99':>6} {'fill':>5} {'batch':>5} {'flush f/t/i/r':<17} {'srv ms/req':>10} "
+    f"{'p99':>6} {'fill':>5} {'batch':>5} {'ovh':>5} {'flush f/t/i/r':<17} {'srv ms/req':>10} "
     f"{'gw ms/req':>9} "
     f"{'wk ms/req':>9} {'cli cpu':>7} {'wrong':>5} {'lost':>5} {'err':>5} gen (lag p95)"
 )
@@ -161,7 +169,8 @@ def format_row(r: Row) -> str:
     return (
         f"{r.scenario:<20} {r.workers:>2} {r.offered_rps:>6.0f} {r.sent_rps:>6.0f} "
         f"{r.achieved_rps:>6.0f} {r.p50_ms:>6.1f} {r.p95_ms:>6.1f} {r.p99_ms:>6.1f} "
-        f"{r.mean_fill:>5.1f} {r.mean_batch_ms:>5.1f} {flush:<17} {r.server_cpu_ms_per_req:>10.3f} "
+        f"{r.mean_fill:>5.1f} {r.mean_batch_ms:>5.1f} {r.batch_overhead_ms:>5.2f} {flush:<17} "
+        f"{r.server_cpu_ms_per_req:>10.3f} "
         f"{r.gateway_cpu_ms_per_req:>9.3f} "
         f"{r.workers_cpu_ms_per_req:>9.3f} {r.client_cpu_pct:>6.0f}% {r.wrong:>5} {r.lost:>5} "
         f"{r.errors:>5} {gen} ({r.lag_p95_ms:.1f} ms){_detail(r)}"
