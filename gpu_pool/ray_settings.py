@@ -61,16 +61,16 @@ class RayPoolSettings:
         """`ActorClass.options(...)` arguments: CPU and GPU are Ray's own keywords, every
         other name a custom resource. Nothing unnamed is reserved (Ray's default CPU for
         actors would otherwise decide placement on CPU-only nodes)."""
-        custom = {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
         return {"num_cpus": self.resources.get("CPU", 0.0),
-                "num_gpus": self.resources.get("GPU", 0.0), "resources": custom}
+                "num_gpus": self.resources.get("GPU", 0.0), "resources": self._custom()}
 
     def local_resources(self) -> dict[str, float]:
         """What a local Ray started for this pool declares beyond its CPUs and GPUs: room for
         every worker in each custom resource."""
-        options = self.actor_options()["resources"]
-        assert isinstance(options, dict)
-        return {k: v * self.pool.workers for k, v in options.items()}
+        return {k: v * self.pool.workers for k, v in self._custom().items()}
+
+    def _custom(self) -> dict[str, float]:
+        return {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}
 
     @property
     def threads(self) -> int:
