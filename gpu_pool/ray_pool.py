@@ -7,7 +7,9 @@ answer comes back as an event on the event loop (a done-callback on the call's f
 handed over with `call_soon_threadsafe`), never a blocking wait. A death is seen through
 the actor's `sentinel` call, pending for the actor's whole life, or through a failed batch,
 whichever comes first, and is reported once: an actor crash, `ray.kill` (the hang
-watchdog's `kill`) and a lost node all look alike. A dead slot gets a new actor after the
+watchdog's `kill`) and a lost node all look alike. Before a death is reported, Ray is asked
+which nodes are dead (a few milliseconds), and every actor of a lost node is reported in
+the same turn. A dead slot gets a new actor after the
 process pool's backoff; the new one waits, `pending`, until the cluster has room for it,
 and meanwhile the pool simply runs smaller.
 """
@@ -42,6 +44,7 @@ from gpu_pool.worker import WorkerConfig
 log = logging.getLogger("batchgate.ray_pool")
 
 CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
+NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
 
 
@@ -97,6 +100,8 @@ class RayPool:
         self._stopping = False
         self._owns_ray = False
         self._crashes = 0
+        self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
+        self._deaths = anyio.Event()  # set when `_dying` gains one
         self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
             settings.pool.workers
         )
@@ -114,6 +119,7 @@ class RayPool:
         await anyio.to_thread.run_sync(self._connect)
         try:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._report_deaths)
                 for slot in self._slots:
                     tg.start_soon(self._start, slot, 0.0)
                 task_status.started()
@@ -173,8 +179,9 @@ class RayPool:
         self._call(slot, worker, ref, self._on_reply)
 
     def kill(self, worker: WorkerId) -> None:
-        """`ray.kill` the actor (hung batch) and report its death now: an actor on a node
-        that stopped answering may not be declared dead by Ray for a while."""
+        """`ray.kill` the actor (hung batch) and report its death without waiting for Ray
+        to declare it dead: for an actor on a node that stopped answering, that may take
+        Ray's health checks a while."""
         slot = self._by_worker.get(worker)
         if slot is not None:
             log.warning("killing worker %s (node %s, pid %s)", worker, slot.node, slot.pid)
@@ -326,7 +333,8 @@ class RayPool:
         self._lost(slot, worker)  # the sentinel answers only when the actor is gone
 
     def _lost(self, slot: _Slot, worker: WorkerId) -> None:
-        """The incarnation is gone, or must go: kill it, report it once, replace it."""
+        """The incarnation is gone, or must go: kill it and replace it; its death is
+        reported once, after its node is checked (`_report_deaths`)."""
         if slot.worker != worker or slot.state in (ActorState.DEAD, ActorState.STOPPED):
             return
         was_up = slot.state in (ActorState.READY, ActorState.BUSY)
@@ -341,14 +349,45 @@ class RayPool:
         stable = lived >= self._settings.pool.stable_after
         slot.failures = 0 if stable else slot.failures + 1
         self._signal_change()
-        self._events.worker_died(worker)
+        self._dying.append(worker)
+        self._deaths.set()
         if not self._stopping and self._settings.pool.restart:
             slot.restarts += 1
             self._restart_send.send_nowait(slot.index)
 
+    async def _report_deaths(self) -> None:
+        """Report the dead once it is known whether their nodes are gone, and with them
+        every actor of a lost node, in one turn: the core then never re-routes a dead
+        actor's batch onto a dead neighbour not yet reported (its items' second death
+        would make a lone one look like a query of death). Runs as long as the pool."""
+        while True:
+            await self._deaths.wait()
+            self._deaths = anyio.Event()
+            while self._dying:
+                checked = list(self._dying)  # later deaths wait for a check of their own
+                lost: set[str] = set()
+                with anyio.move_on_after(NODE_CHECK_S):  # Ray's control plane may hang
+                    lost = await anyio.to_thread.run_sync(_dead_nodes, abandon_on_cancel=True)
+                up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
+                neighbours = [s for s in self._slots if s.node in lost and s.state in up]
+                for slot in neighbours:
+                    self._lost(slot, slot.worker)
+                report = checked + [s.worker for s in neighbours]
+                self._dying = [w for w in self._dying if w not in report]
+                for worker in report:
+                    self._events.worker_died(worker)
+
     def _signal_change(self) -> None:
         if self._changed is not None:
             self._changed.set()
+
+
+def _dead_nodes() -> set[str]:
+    """The ids of the nodes Ray has declared dead (blocking: call it in a thread)."""
+    try:
+        return {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+    except RayError:
+        return set()
 
 
 def _check_reachable(address: str) -> None:

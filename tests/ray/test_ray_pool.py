@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
-from gpu_pool import BatchId, Err, Ok, PoolSettings, RayPoolSettings, Run
+from gpu_pool import BatchId, Err, Ok, PoolSettings, RayPoolSettings, Run, WorkerId
 from gpu_pool.ray_pool import RayPool
 from tests.gpu_pool.test_pool import Events
 from tests.ray.lab import SLOT, Lab, kill_actor
@@ -94,6 +94,38 @@ async def test_an_actor_that_crashes_mid_batch_is_reported_dead_once(lab: Lab) -
         pool.send(first, Run(BatchId(1), ("CRASH",)))
         await events.wait_for(lambda: len(events.ready) == 2)
         assert events.died == [first] and events.replies == []
+
+
+class DeathWatch(Events):
+    """Also notes, at each death reported, the nodes of the workers the pool calls up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool: RayPool | None = None
+        self.up_nodes: list[set[str]] = []
+
+    def worker_died(self, worker: WorkerId) -> None:
+        assert self.pool is not None
+        self.up_nodes.append({w.node for w in self.pool.workers()
+                              if w.state in ("ready", "busy")})
+        super().worker_died(worker)
+
+
+async def test_a_lost_nodes_actors_are_reported_dead_together(lab: Lab) -> None:
+    # Were one reported alone, the core could re-route its batch to the other, dead too.
+    events = DeathWatch()
+    base = PoolSettings(model="sim", workers=4, restart=False)
+    events.pool = pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run, events)
+        await events.wait_for(lambda: len(events.ready) == 4)
+        lost = pool.workers()[0].node
+        lab.remove_node(lost)
+        await events.wait_for(lambda: len(events.died) == 2)
+        assert all(lost not in up for up in events.up_nodes)
+        assert {w.node for w in pool.workers() if w.state == "dead"} == {lost}
+        tg.cancel_scope.cancel()
+    lab.add_node()  # the cluster as the other tests expect it
 
 
 async def test_workers_beyond_the_clusters_room_wait_pending(lab: Lab) -> None:
