@@ -7,6 +7,8 @@ A bad value is one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import logging
 import os
 import subprocess
@@ -70,6 +72,19 @@ def refuse_public_demo_keys(settings: Settings) -> None:
                          "only, or give --keys a file of your own")
 
 
+def with_ray(settings: Settings, env: Mapping[str, str]) -> Settings:
+    """`--pool ray`: Ray must be installed (one line if not), and the cluster's address
+    defaults to Ray's own RAY_ADDRESS."""
+    if settings.pool != "ray":
+        return settings
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("--pool ray needs Ray, which is not installed here: "
+                         "pip install 'batchgate[ray]'")
+    if settings.ray_address is None and env.get("RAY_ADDRESS"):
+        return dataclasses.replace(settings, ray_address=env["RAY_ADDRESS"])
+    return settings
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -83,7 +98,9 @@ def serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     refuse_public_demo_keys(settings)
-    gpus = args.gpus if args.gpus is not None else detect_gpus(settings.model)
+    settings = with_ray(settings, os.environ)
+    local = settings.pool == "process"  # Ray actors find their GPUs on their own nodes
+    gpus = args.gpus if args.gpus is not None else detect_gpus(settings.model) if local else 0
     if settings.gateways > 1:
         from api.cell import serve_cell
 

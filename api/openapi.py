@@ -198,7 +198,8 @@ def _worker() -> JsonObject:
             props[name] = {"type": [kinds[base]["type"], "null"]}
         else:
             props[name] = dict(kinds[hint])  # a copy: "state" gets an enum of its own
-    props["state"]["enum"] = ["starting", "ready", "busy", "dead", "stopped"]
+    # "pending": a Ray actor waiting for a node with room (`--pool ray`)
+    props["state"]["enum"] = ["pending", "starting", "ready", "busy", "dead", "stopped"]
     return _object(props, [f.name for f in dataclasses.fields(WorkerInfo)])
 
 

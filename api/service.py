@@ -34,7 +34,14 @@ from failover import (
     InFlightTable,
     MemoryIdempotencyStore,
 )
-from gpu_pool import Pool, PoolSettings, WorkerInfo, WorkerPool
+from gpu_pool import (
+    Pool,
+    PoolSettings,
+    RayPoolSettings,
+    WorkerInfo,
+    WorkerPool,
+    parse_resources,
+)
 
 log = logging.getLogger("batchgate.service")
 
@@ -66,16 +73,7 @@ class Service:
             InFlightTable(max_attempts=settings.max_attempts, times=BatchTimes(settings.hang)),
             self.admission,
         )
-        self.pool: Pool = pool or WorkerPool(
-            PoolSettings(
-                model=settings.model,
-                workers=settings.workers,
-                latency_floor=settings.latency_floor,
-                gpus=gpus,
-                ready_timeout=settings.ready_timeout_s,
-                restart=settings.restart,
-            )
-        )
+        self.pool: Pool = pool or build_pool(settings, gpus)
         self.core = CoreOwner(core, self.pool, self.clock, observer=metrics)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
         self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
@@ -159,4 +157,23 @@ class Service:
         )
 
 
-__all__ = ["Service"]
+def build_pool(settings: Settings, gpus: int) -> Pool:
+    """The process pool, or with `--pool ray` the Ray pool (its module imports Ray, so only
+    then)."""
+    base = PoolSettings(
+        model=settings.model,
+        workers=settings.workers,
+        latency_floor=settings.latency_floor,
+        gpus=gpus,
+        ready_timeout=settings.ready_timeout_s,
+        restart=settings.restart,
+    )
+    if settings.pool == "process":
+        return WorkerPool(base)
+    from gpu_pool.ray_pool import RayPool
+
+    resources = parse_resources(settings.ray_worker_resources)
+    return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources))
+
+
+__all__ = ["Service", "build_pool"]

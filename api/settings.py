@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from batcher import MAX_BATCH
 from failover.hang import HangSettings
-from gpu_pool import validate_spec
+from gpu_pool import parse_resources, validate_spec
 
 if TYPE_CHECKING:
     from api.http_guard import ConnectionLimits
 
 ACCESS_LOG_FORMATS = ("off", "json")
+POOLS = ("process", "ray")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
@@ -42,6 +43,12 @@ def parse_gateways(text: str) -> int:
     return int(text)
 
 
+def _resources(text: str) -> str:
+    """`--ray-worker-resources`: checked here, kept as text (a frozen, hashable record)."""
+    parse_resources(text)
+    return text
+
+
 def doc(
     help: str, *, parse: Callable[[str], Any] | None = None, shown: str | None = None,
     secret: bool = False,
@@ -59,13 +66,23 @@ class Settings:
         "minilm (the real model), sim (100 ms a batch, no CPU, reverses each input), "
         "or module:function naming any batchstring"))
     workers: int = field(default=1, metadata=doc(
-        "worker processes, one per GPU (pinned with CUDA_VISIBLE_DEVICES; on the CPU the "
-        "cores are split among them)"))
+        "workers, one per GPU: processes on this host (pinned with CUDA_VISIBLE_DEVICES; on "
+        "the CPU the cores are split among them), or with --pool ray actors in the cluster"))
     gateways: int = field(default=1, metadata=doc(
         "HTTP gateway processes in front of one core, or auto (1: a single process)",
         parse=parse_gateways))
     gpus: int | None = field(default=None, metadata=doc(
         "CUDA devices to use; 0 runs on the CPU", shown="all torch sees"))
+    pool: str = field(default="process", metadata=doc(
+        "process (a worker process per GPU of this host) or ray (a Ray actor per GPU "
+        "anywhere in a Ray cluster; needs batchgate[ray])"))
+    ray_address: str | None = field(default=None, metadata=doc(
+        "the Ray cluster to join with --pool ray: its head's address, head-node:6379",
+        shown="RAY_ADDRESS, else a local Ray started and stopped with the server"))
+    ray_worker_resources: str = field(default="GPU=1", metadata=doc(
+        "what each Ray worker holds, NAME[=AMOUNT],...: on a CPU-only cluster a custom "
+        "resource its nodes declare, one unit per worker slot",
+        parse=_resources))
     max_batch: int = field(default=MAX_BATCH, metadata=doc(
         "items per batch (never above the contract's 100)"))
     max_wait_ms: float = field(default=50.0, metadata=doc(
@@ -130,6 +147,8 @@ class Settings:
         validate_spec(self.model)
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
         _check(self.workers >= 1, f"workers must be at least 1, got {self.workers}")
+        _check(self.pool in POOLS, f"pool must be process or ray, got {self.pool!r}")
+        parse_resources(self.ray_worker_resources)
         _check(self.gpus is None or self.gpus >= 0, f"gpus must be >= 0, got {self.gpus}")
         _check(1 <= self.gateways <= 64, f"gateways must be within 1..64, got {self.gateways}")
         _check(

@@ -1,14 +1,17 @@
 """The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
 
 Offers the pool seam (`Pool`, `PoolEvents`), the wire messages, the process pool
-(`WorkerPool`), its settings and the model loader.
+(`WorkerPool`), its settings and the model loader. The Ray pool's settings are here too;
+the Ray pool itself is `gpu_pool.ray_pool.RayPool`, imported only where Ray is wanted
+(it is an optional dependency, and importing `gpu_pool` must not import it).
 """
 
 from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, validate_spec
 from gpu_pool.pool import PoolSettings, WorkerPool, WorkerState
 from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.ray_settings import RayPoolSettings, parse_resources
 from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
-from gpu_pool.worker import WorkerConfig, worker_main
+from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -19,6 +22,7 @@ __all__ = [
     "Pool",
     "PoolEvents",
     "PoolSettings",
+    "RayPoolSettings",
     "Ready",
     "Run",
     "Stop",
@@ -28,6 +32,9 @@ __all__ = [
     "WorkerPool",
     "WorkerState",
     "load_model",
+    "load_worker",
+    "parse_resources",
+    "run_batch",
     "validate_spec",
     "worker_main",
 ]

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from gpu_pool.models import BatchModel, load_model
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
 
 
@@ -32,13 +33,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    device = _prepare_torch(config)
-
-    from gpu_pool.models import load_model
-
-    model = load_model(config.model, device)
+    model, device = load_worker(config)
     conn.send(Ready(pid=os.getpid(), device=device))
     while True:
         try:
@@ -48,13 +43,26 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
         if isinstance(msg, Stop):
             return
         if isinstance(msg, Run):
-            conn.send(_run(model, msg, config.latency_floor))
+            conn.send(run_batch(model, msg, config.latency_floor))
 
 
-def _run(model: object, msg: Run, floor: float) -> Ok | Err:
+def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
+    """Prepare this process (offline hub, torch threads and device) and load the model once;
+    return it with the device it runs on. Shared by the process worker and the Ray actor, so
+    both load a model the same way."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    device = _prepare_torch(config)
+    return load_model(config.model, device), device
+
+
+def run_batch(model: BatchModel, msg: Run, floor: float) -> Ok | Err:
+    """Run one batch and hold the model to the contract (strings, one per input), padded to
+    at least `floor` seconds. A model's exception is an `Err`: the worker lives on. Every
+    worker, process or actor, answers through this, so all check the contract alike."""
     start = time.monotonic()
     try:
-        outputs = model(list(msg.inputs))  # type: ignore[operator]
+        outputs = model(list(msg.inputs))
     except Exception as exc:  # the model's own error: report it, stay alive
         return Err(msg.batch_id, "model", type(exc).__name__, str(exc)[:500])
     if not isinstance(outputs, list | tuple) or not all(type(o) is str for o in outputs):
@@ -82,4 +90,4 @@ def _prepare_torch(config: WorkerConfig) -> str:
     return "cpu"
 
 
-__all__ = ["WorkerConfig", "worker_main"]
+__all__ = ["WorkerConfig", "load_worker", "run_batch", "worker_main"]

@@ -19,8 +19,13 @@ def test_all_names_exist_and_are_unique(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["batcher", "gpu_pool", "failover"])
-def test_importing_a_core_package_loads_neither_torch_nor_a_server(name: str) -> None:
-    code = (f"import sys, {name}; bad = [m for m in ('torch', 'uvicorn', 'starlette') "
+def test_importing_a_core_package_loads_neither_torch_nor_a_server_nor_ray(name: str) -> None:
+    code = (f"import sys, {name}; bad = [m for m in ('torch', 'uvicorn', 'starlette', 'ray') "
             "if m in sys.modules]; print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_ray_pool_module_says_what_it_offers() -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
+    test_all_names_exist_and_are_unique("gpu_pool.ray_pool")

@@ -36,7 +36,8 @@ def test_environment_variables_set_flags_and_flags_win() -> None:
     "argv",
     [["--max-batch", "101"], ["--workers", "0"], ["--port", "x"], ["--model", "no good"],
      ["--gpus", "-1"], ["--access-log", "xml"], ["--gateways", "many"],
-     ["--keys", "/nonexistent.toml"], ["--idle-trigger", "maybe"]],
+     ["--keys", "/nonexistent.toml"], ["--idle-trigger", "maybe"], ["--pool", "gpu"],
+     ["--ray-worker-resources", "GPU=0"]],
 )
 def test_a_bad_value_is_one_line_and_exit_2(argv: list[str]) -> None:
     proc = subprocess.run(
@@ -59,3 +60,23 @@ def test_the_public_demo_keys_are_served_on_loopback_only(
     own = tmp_path / "keys.toml"
     own.write_text('[[keys]]\nkey = "a-real-secret"\ntier = "paid"\n')
     refuse_public_demo_keys(Settings(host="0.0.0.0", keys=own))  # its own keys: fine
+
+
+def test_pool_ray_without_ray_installed_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what find_spec sees without Ray
+    assert main(["serve", "--pool", "ray", "--model", "sim"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'batchgate[ray]'" in err
+
+
+def test_ray_address_defaults_to_rays_own_variable() -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
+    from api.cli import with_ray
+
+    env = {"RAY_ADDRESS": "head-node:6379"}
+    assert with_ray(settings(["--pool", "ray"]), env).ray_address == "head-node:6379"
+    given = settings(["--pool", "ray", "--ray-address", "other:6379"])
+    assert with_ray(given, env).ray_address == "other:6379"
+    assert with_ray(settings([]), env).ray_address is None  # the process pool ignores it

@@ -1,0 +1,406 @@
+"""The Ray pool: one actor per GPU anywhere in a Ray cluster, behind the same seam as the
+process pool. Needs Ray (`pip install 'batchgate[ray]'`); `gpu_pool` never imports this
+module itself, so the process pool runs without Ray.
+
+Each slot holds one actor incarnation at a time, with a fresh `WorkerId`. Every call's
+answer comes back as an event on the event loop (a done-callback on the call's future,
+handed over with `call_soon_threadsafe`), never a blocking wait. A death is seen through
+the actor's `sentinel` call, pending for the actor's whole life, or through a failed batch,
+whichever comes first, and is reported once: an actor crash, `ray.kill` (the hang
+watchdog's `kill`) and a lost node all look alike. Before a death is reported, Ray is asked
+which nodes are dead (a few milliseconds), and every actor of a lost node is reported in
+the same turn. A dead slot gets a new actor after the
+process pool's backoff; the new one waits, `pending`, until the cluster has room for it,
+and meanwhile the pool simply runs smaller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import enum
+import itertools
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import ray
+from anyio.abc import TaskStatus
+from ray.exceptions import RayError
+
+from gpu_pool.protocol import Err, Ok, Ready, Run, WorkerId
+from gpu_pool.ray_actor import spawn_actor
+from gpu_pool.ray_settings import RayPoolSettings
+from gpu_pool.seam import PoolEvents, WorkerInfo
+from gpu_pool.worker import WorkerConfig
+
+log = logging.getLogger("batchgate.ray_pool")
+
+CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
+NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
+ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
+
+
+class ActorState(enum.Enum):
+    PENDING = "pending"  # created, waiting for a node with room
+    STARTING = "starting"  # placed, loading its model
+    READY = "ready"
+    BUSY = "busy"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    worker: WorkerId = field(default=WorkerId(0))
+    actor: Any = None  # the incarnation's ActorHandle
+    calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
+    state: ActorState = ActorState.PENDING
+    node: str = "-"
+    pid: int | None = None
+    device: str = "-"
+    batches: int = 0
+    restarts: int = 0
+    failures: int = 0
+    ready_at: float = 0.0
+
+
+class _Unstarted:
+    def worker_ready(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_died(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+
+class RayPool:
+    """Implements `gpu_pool.seam.Pool` with Ray actors."""
+
+    def __init__(self, settings: RayPoolSettings) -> None:
+        self._settings = settings
+        self._namespace = settings.namespace or (
+            f"batchgate-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
+        self._events: PoolEvents = _Unstarted()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ids = itertools.count(1)
+        self._slots = [_Slot(i) for i in range(settings.pool.workers)]
+        self._by_worker: dict[WorkerId, _Slot] = {}
+        self._changed: anyio.Event | None = None
+        self._stopping = False
+        self._owns_ray = False
+        self._crashes = 0
+        self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
+        self._deaths = anyio.Event()  # set when `_dying` gains one
+        self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
+            settings.pool.workers
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def run(
+        self, events: PoolEvents, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Join (or start) Ray, start an actor per slot, replace dead ones until cancelled;
+        kills the actors and leaves Ray on the way out."""
+        self._events = events
+        self._loop = asyncio.get_running_loop()
+        # ray.init blocks for seconds; in a thread it also leaves the server's SIGTERM
+        # handler alone (in the main thread it would install one that exits at once).
+        await anyio.to_thread.run_sync(self._connect)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._report_deaths)
+                for slot in self._slots:
+                    tg.start_soon(self._start, slot, 0.0)
+                task_status.started()
+                async with self._restart_recv:
+                    async for index in self._restart_recv:
+                        slot = self._slots[index]
+                        delay = self._settings.pool.restart_delay(slot.failures)
+                        tg.start_soon(self._start, slot, delay)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.stop()
+
+    async def wait_ready(self, count: int, within: float) -> int:
+        """Wait until `count` actors are ready, or until each has come up, died once or is
+        waiting for room the cluster does not have (the placed ones fill its nodes), with
+        one ready; or `within` seconds."""
+
+        def settled(slot: _Slot, room: bool) -> bool:
+            return slot.state in (ActorState.READY, ActorState.BUSY, ActorState.DEAD) \
+                or slot.restarts > 0 or (slot.state is ActorState.PENDING and not room)
+
+        with anyio.move_on_after(within):
+            while self.ready_count() < count:
+                self._changed = anyio.Event()
+                if self.ready_count() > 0:
+                    capacity = await anyio.to_thread.run_sync(self._capacity)
+                    room = self._placed() < capacity
+                    if all(settled(s, room) for s in self._slots[:count]):
+                        break
+                with anyio.move_on_after(ROOM_RECHECK_S):  # Ray's room changes unannounced
+                    await self._changed.wait()
+        return self.ready_count()
+
+    async def stop(self) -> None:
+        """Kill every actor (after a drain none holds a batch) and leave Ray; stops the
+        local Ray if this pool started it."""
+        self._stopping = True
+        actors = [s.actor for s in self._slots if s.actor is not None]
+        for slot in self._slots:
+            slot.state, slot.actor = ActorState.STOPPED, None
+            slot.calls.clear()
+        self._by_worker.clear()
+        await anyio.to_thread.run_sync(self._disconnect, actors)
+
+    # -- commands ----------------------------------------------------------------------------
+    def send(self, worker: WorkerId, run: Run) -> None:
+        """Hand a batch to a ready actor. One that is gone was (or will be) reported dead."""
+        slot = self._by_worker.get(worker)
+        if slot is None or slot.state is not ActorState.READY:
+            return
+        try:
+            ref = slot.actor.run.remote(run)
+        except RayError:  # this process lost Ray itself: as good as the actor gone
+            self._lost(slot, worker)
+            return
+        slot.state = ActorState.BUSY
+        self._call(slot, worker, ref, self._on_reply)
+
+    def kill(self, worker: WorkerId) -> None:
+        """`ray.kill` the actor (hung batch) and report its death without waiting for Ray
+        to declare it dead: for an actor on a node that stopped answering, that may take
+        Ray's health checks a while."""
+        slot = self._by_worker.get(worker)
+        if slot is not None:
+            log.warning("killing worker %s (node %s, pid %s)", worker, slot.node, slot.pid)
+            self._lost(slot, worker)
+
+    def ready_count(self) -> int:
+        return sum(s.state in (ActorState.READY, ActorState.BUSY) for s in self._slots)
+
+    def workers(self) -> list[WorkerInfo]:
+        return [
+            WorkerInfo(id=s.worker, slot=s.index, pid=s.pid, state=s.state.value,
+                       device=s.device, batches=s.batches, restarts=s.restarts, node=s.node)
+            for s in self._slots
+        ]
+
+    def state_counts(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in ActorState}
+        for slot in self._slots:
+            counts[slot.state.value] += 1
+        return counts
+
+    @property
+    def crashes(self) -> int:
+        return self._crashes
+
+    # -- Ray, in a thread --------------------------------------------------------------------
+    def _connect(self) -> None:
+        if ray.is_initialized():  # the host process joined a cluster itself: share it
+            return
+        if self._settings.address is None:
+            ray.init(address="local", resources=self._settings.local_resources(),
+                     namespace=self._namespace, include_dashboard=False)
+        else:
+            _check_reachable(self._settings.address)
+            ray.init(address=self._settings.address, namespace=self._namespace)
+        self._owns_ray = True
+        fit = self._capacity()
+        if fit < len(self._slots):
+            log.warning("the cluster has room for %d of %d workers (each holds %s): the "
+                        "rest wait, pending, until nodes with room join", fit,
+                        len(self._slots), self._settings.resources)
+
+    def _capacity(self) -> int:
+        """How many workers the cluster's nodes hold, all together."""
+        total = ray.cluster_resources()
+        return min(int(total.get(k, 0.0) // v) for k, v in self._settings.resources.items())
+
+    def _placed(self) -> int:
+        """Actors known to hold their room: placed, loading or up."""
+        up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
+        return sum(s.state in up for s in self._slots)
+
+    def _disconnect(self, actors: list[Any]) -> None:
+        for actor in actors:
+            with contextlib.suppress(RayError, ValueError):
+                ray.kill(actor)
+        if self._owns_ray:
+            ray.shutdown()
+            self._owns_ray = False
+
+    # -- internals ---------------------------------------------------------------------------
+    async def _start(self, slot: _Slot, delay: float) -> None:
+        if delay > 0:
+            await anyio.sleep(delay)
+        if self._stopping:
+            return
+        worker = WorkerId(next(self._ids))
+        pool = self._settings.pool
+        config = WorkerConfig(model=pool.model, gpu=None, threads=self._settings.threads,
+                              latency_floor=pool.latency_floor)
+        actor = spawn_actor(config, f"worker-{worker}", self._namespace,
+                            **self._settings.actor_options())
+        slot.worker, slot.actor, slot.state = worker, actor, ActorState.PENDING
+        slot.node, slot.pid, slot.device = "-", None, "-"
+        slot.calls.clear()
+        self._by_worker[worker] = slot
+        self._call(slot, worker, actor.sentinel.remote(), self._on_sentinel)
+        try:
+            slot.node, slot.pid = await actor.where.remote()  # waits for room
+            if slot.worker != worker or slot.state is not ActorState.PENDING:
+                return
+            slot.state = ActorState.STARTING
+            self._signal_change()
+            with anyio.fail_after(pool.ready_timeout):
+                ready = await actor.load.remote()
+        except TimeoutError:
+            log.error("worker %s gave no READY in %.0fs; killing it", worker,
+                      pool.ready_timeout)
+            self._lost(slot, worker)
+            return
+        except RayError as exc:  # died while placed or loading, or the model failed to load
+            log.error("worker %s failed to start: %s", worker, str(exc).splitlines()[0])
+            self._lost(slot, worker)
+            return
+        self._up(slot, worker, ready)
+
+    def _up(self, slot: _Slot, worker: WorkerId, ready: Ready) -> None:
+        if slot.worker != worker or slot.state is not ActorState.STARTING:
+            return
+        slot.state, slot.device, slot.ready_at = ActorState.READY, ready.device, time.monotonic()
+        self._signal_change()
+        log.info("worker %s ready (slot %d, node %s, pid %d, %s)", worker, slot.index,
+                 slot.node, ready.pid, ready.device)
+        self._events.worker_ready(worker)
+
+    def _call(
+        self, slot: _Slot, worker: WorkerId, ref: ray.ObjectRef[Any],
+        then: Callable[[_Slot, WorkerId, concurrent.futures.Future[Any]], None],
+    ) -> None:
+        """Run `then` on the event loop once `ref` is answered (or failed)."""
+        loop = self._loop
+        assert loop is not None
+        slot.calls.append(ref)
+
+        def done(future: concurrent.futures.Future[Any]) -> None:  # in a Ray thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(self._answered, slot, worker, ref, future, then)
+
+        ref.future().add_done_callback(done)
+
+    def _answered(
+        self, slot: _Slot, worker: WorkerId, ref: ray.ObjectRef[Any],
+        future: concurrent.futures.Future[Any],
+        then: Callable[[_Slot, WorkerId, concurrent.futures.Future[Any]], None],
+    ) -> None:
+        with contextlib.suppress(ValueError):
+            slot.calls.remove(ref)
+        if slot.worker == worker:  # else an earlier incarnation's: fenced off here
+            then(slot, worker, future)
+
+    def _on_reply(
+        self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
+    ) -> None:
+        if slot.state is not ActorState.BUSY:
+            return
+        try:
+            reply = future.result()
+        except Exception as exc:  # a RayError: the actor (or its node) is gone
+            log.warning("worker %s lost mid-batch: %s", worker, str(exc).splitlines()[0])
+            self._lost(slot, worker)
+            return
+        slot.state = ActorState.READY
+        slot.batches += 1
+        self._events.worker_reply(worker, reply)
+
+    def _on_sentinel(
+        self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
+    ) -> None:
+        self._lost(slot, worker)  # the sentinel answers only when the actor is gone
+
+    def _lost(self, slot: _Slot, worker: WorkerId) -> None:
+        """The incarnation is gone, or must go: kill it and replace it; its death is
+        reported once, after its node is checked (`_report_deaths`)."""
+        if slot.worker != worker or slot.state in (ActorState.DEAD, ActorState.STOPPED):
+            return
+        was_up = slot.state in (ActorState.READY, ActorState.BUSY)
+        slot.state = ActorState.DEAD
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(slot.actor)  # a no-op for one already dead
+        self._by_worker.pop(worker, None)
+        if not self._stopping:
+            self._crashes += 1
+            log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
+        lived = time.monotonic() - slot.ready_at if was_up else 0.0
+        stable = lived >= self._settings.pool.stable_after
+        slot.failures = 0 if stable else slot.failures + 1
+        self._signal_change()
+        self._dying.append(worker)
+        self._deaths.set()
+        if not self._stopping and self._settings.pool.restart:
+            slot.restarts += 1
+            self._restart_send.send_nowait(slot.index)
+
+    async def _report_deaths(self) -> None:
+        """Report the dead once it is known whether their nodes are gone, and with them
+        every actor of a lost node, in one turn: the core then never re-routes a dead
+        actor's batch onto a dead neighbour not yet reported (its items' second death
+        would make a lone one look like a query of death). Runs as long as the pool."""
+        while True:
+            await self._deaths.wait()
+            self._deaths = anyio.Event()
+            while self._dying:
+                checked = list(self._dying)  # later deaths wait for a check of their own
+                lost: set[str] = set()
+                with anyio.move_on_after(NODE_CHECK_S):  # Ray's control plane may hang
+                    lost = await anyio.to_thread.run_sync(_dead_nodes, abandon_on_cancel=True)
+                up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
+                neighbours = [s for s in self._slots if s.node in lost and s.state in up]
+                for slot in neighbours:
+                    self._lost(slot, slot.worker)
+                report = checked + [s.worker for s in neighbours]
+                self._dying = [w for w in self._dying if w not in report]
+                for worker in report:
+                    self._events.worker_died(worker)
+
+    def _signal_change(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+
+def _dead_nodes() -> set[str]:
+    """The ids of the nodes Ray has declared dead (blocking: call it in a thread)."""
+    try:
+        return {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+    except RayError:
+        return set()
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on a head that is not there: ray.init retries a refused address for
+    about 13 minutes (measured) before it gives up."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # not host:port ("auto", a Ray Client address): Ray's own checks apply
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
+
+
+__all__ = ["ActorState", "RayPool"]

@@ -1,0 +1,142 @@
+"""The Ray pool driven directly through the pool seam, on the real cluster: each incarnation
+is one actor on a worker node, answers in order, is held to the contract, and its death is
+reported once and repaired under a new id."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
+
+from gpu_pool import BatchId, Err, Ok, PoolSettings, RayPoolSettings, Run, WorkerId
+from gpu_pool.ray_pool import RayPool
+from tests.gpu_pool.test_pool import Events
+from tests.ray.lab import SLOT, Lab, kill_actor
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def ray_pool(model: str, workers: int = 1) -> AsyncIterator[tuple[RayPool, Events]]:
+    events = Events()
+    base = PoolSettings(model=model, workers=workers, restart_backoff=0.05)
+    pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run, events)
+        await events.wait_for(lambda: len(events.ready) >= workers)
+        yield pool, events
+        tg.cancel_scope.cancel()
+
+
+async def test_an_actor_on_a_worker_node_answers_a_batch_in_order(lab: Lab) -> None:
+    async with ray_pool("sim") as (pool, events):
+        (worker,) = events.ready
+        pool.send(worker, Run(BatchId(1), ("abc", "de", "f")))
+        await events.wait_for(lambda: events.replies)
+        ((replier, reply),) = events.replies
+        assert replier == worker and isinstance(reply, Ok)
+        assert (reply.batch_id, reply.outputs) == (BatchId(1), ("cba", "ed", "f"))
+        (info,) = pool.workers()
+        assert info.node in lab.worker_nodes() and info.state == "ready"
+        assert info.batches == 1 and info.device == "cpu"
+
+
+async def test_the_contract_is_checked_and_a_model_error_leaves_the_actor_alive(
+    lab: Lab,
+) -> None:
+    async with ray_pool("tests.models:poison") as (pool, events):
+        (worker,) = events.ready
+        pool.send(worker, Run(BatchId(1), ("fine", "POISON")))
+        await events.wait_for(lambda: len(events.replies) == 1)
+        pool.send(worker, Run(BatchId(2), ("fine",)))
+        await events.wait_for(lambda: len(events.replies) == 2)
+        (_, error), (_, ok) = events.replies
+        assert isinstance(error, Err) and (error.kind, error.error_type) == ("model", "ValueError")
+        assert isinstance(ok, Ok) and ok.outputs == ("enif",)
+    async with ray_pool("tests.models:short_by_one") as (pool, events):
+        pool.send(events.ready[0], Run(BatchId(3), ("a", "b")))
+        await events.wait_for(lambda: events.replies)
+        assert isinstance(reply := events.replies[0][1], Err) and reply.kind == "contract"
+    assert events.died == []
+
+
+async def test_a_hung_actor_killed_is_reported_dead_once_and_replaced_under_a_new_id(
+    lab: Lab,
+) -> None:
+    async with ray_pool("tests.models:hang_on_marker") as (pool, events):
+        (first,) = events.ready
+        pool.send(first, Run(BatchId(1), ("HANG",)))
+        pool.kill(first)  # what the hang watchdog does
+        await events.wait_for(lambda: len(events.ready) == 2)
+        second = events.ready[1]
+        pool.send(second, Run(BatchId(2), ("x",)))
+        await events.wait_for(lambda: events.replies)
+        assert events.died == [first] and second != first
+        assert [w for w, _ in events.replies] == [second]  # nothing from the old one
+        assert pool.crashes == 1 and pool.workers()[0].restarts == 1
+
+
+async def test_an_idle_actor_killed_from_outside_is_seen_dead_at_once(lab: Lab) -> None:
+    async with ray_pool("sim") as (_, events):
+        (first,) = events.ready
+        kill_actor(first)  # no batch pending: only its sentinel call can tell
+        await events.wait_for(lambda: len(events.ready) == 2)
+        assert events.died == [first]
+
+
+async def test_an_actor_that_crashes_mid_batch_is_reported_dead_once(lab: Lab) -> None:
+    async with ray_pool("tests.models:crash_on_marker") as (pool, events):
+        (first,) = events.ready
+        pool.send(first, Run(BatchId(1), ("CRASH",)))
+        await events.wait_for(lambda: len(events.ready) == 2)
+        assert events.died == [first] and events.replies == []
+
+
+class DeathWatch(Events):
+    """Also notes, at each death reported, the nodes of the workers the pool calls up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool: RayPool | None = None
+        self.up_nodes: list[set[str]] = []
+
+    def worker_died(self, worker: WorkerId) -> None:
+        assert self.pool is not None
+        self.up_nodes.append({w.node for w in self.pool.workers()
+                              if w.state in ("ready", "busy")})
+        super().worker_died(worker)
+
+
+async def test_a_lost_nodes_actors_are_reported_dead_together(lab: Lab) -> None:
+    # Were one reported alone, the core could re-route its batch to the other, dead too.
+    events = DeathWatch()
+    base = PoolSettings(model="sim", workers=4, restart=False)
+    events.pool = pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run, events)
+        await events.wait_for(lambda: len(events.ready) == 4)
+        lost = pool.workers()[0].node
+        lab.remove_node(lost)
+        await events.wait_for(lambda: len(events.died) == 2)
+        assert all(lost not in up for up in events.up_nodes)
+        assert {w.node for w in pool.workers() if w.state == "dead"} == {lost}
+        tg.cancel_scope.cancel()
+    lab.add_node()  # the cluster as the other tests expect it
+
+
+async def test_workers_beyond_the_clusters_room_wait_pending(lab: Lab) -> None:
+    room = len(lab.worker_nodes()) * 2
+    events = Events()
+    base = PoolSettings(model="sim", workers=room + 1)
+    pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run, events)
+        with anyio.fail_after(30):  # it returns once the cluster is full, not at `within`
+            assert await pool.wait_ready(room + 1, within=600) == room
+        assert pool.state_counts()["pending"] == 1
+        tg.cancel_scope.cancel()
+    assert {w.state for w in pool.workers()} == {"stopped"}
