@@ -30,6 +30,8 @@ from api.errors import error_body
 
 log = logging.getLogger("batchgate.http")
 
+LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
+
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large",
             503: b"Service Unavailable"}
 
@@ -173,7 +175,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             head.append(b"retry-after: %d" % retry_after)
         if not self.transport.is_closing():
             self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-            self.transport.close()
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after the answer without losing it. Closing a socket with unread input makes
+        the kernel send a reset, and a client still sending (a slow body) then lost the
+        answer it had not read yet: seen with two test runs sharing the cores. So half-close,
+        drop what still arrives, and close when the client does or after `LINGER_S`, as
+        servers' lingering close does."""
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._timer = self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
 
 
 __all__ = ["ConnectionLimits", "GuardedHttpProtocol", "guarded_protocol"]
