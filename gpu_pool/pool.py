@@ -26,7 +26,7 @@ from anyio.abc import TaskStatus
 
 from gpu_pool.pipe import PipeEnd
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
-from gpu_pool.seam import PoolEvents, WorkerInfo
+from gpu_pool.seam import PoolEvents, Unstarted, WorkerInfo
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")
@@ -81,26 +81,13 @@ class _Slot:
     exited: anyio.Event = field(default_factory=anyio.Event)
 
 
-class _Unstarted:
-    """The pool's listener before `run` names one: no worker exists, so nothing is heard."""
-
-    def worker_ready(self, worker: WorkerId) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-    def worker_died(self, worker: WorkerId) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-
 class WorkerPool:
     """The process pool: the first implementation of `gpu_pool.seam.Pool`."""
 
     def __init__(self, settings: PoolSettings) -> None:
         self._settings = settings
         self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
-        self._events: PoolEvents = _Unstarted()
+        self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
         self._ids = itertools.count(1)
         self._slots = [_Slot(i) for i in range(settings.workers)]

@@ -35,10 +35,10 @@ import ray
 from anyio.abc import TaskStatus
 from ray.exceptions import RayError
 
-from gpu_pool.protocol import Err, Ok, Ready, Run, WorkerId
+from gpu_pool.protocol import Ready, Run, WorkerId
 from gpu_pool.ray_actor import spawn_actor
 from gpu_pool.ray_settings import RayPoolSettings
-from gpu_pool.seam import PoolEvents, WorkerInfo
+from gpu_pool.seam import PoolEvents, Unstarted, WorkerInfo
 from gpu_pool.worker import WorkerConfig
 
 log = logging.getLogger("batchgate.ray_pool")
@@ -73,17 +73,6 @@ class _Slot:
     ready_at: float = 0.0
 
 
-class _Unstarted:
-    def worker_ready(self, worker: WorkerId) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-    def worker_died(self, worker: WorkerId) -> None:
-        raise RuntimeError("a worker event before the pool ran")
-
-
 class RayPool:
     """Implements `gpu_pool.seam.Pool` with Ray actors."""
 
@@ -91,7 +80,7 @@ class RayPool:
         self._settings = settings
         self._namespace = settings.namespace or (
             f"batchgate-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
-        self._events: PoolEvents = _Unstarted()
+        self._events: PoolEvents = Unstarted()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ids = itertools.count(1)
         self._slots = [_Slot(i) for i in range(settings.pool.workers)]

@@ -26,6 +26,19 @@ class PoolEvents(Protocol):
     def worker_died(self, worker: WorkerId) -> None: ...
 
 
+class Unstarted:
+    """A pool's listener before `run` names one: no worker exists, so nothing is heard."""
+
+    def worker_ready(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+    def worker_died(self, worker: WorkerId) -> None:
+        raise RuntimeError("a worker event before the pool ran")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """One worker as `/admin/workers` shows it."""
@@ -69,4 +82,4 @@ class Pool(Protocol):
     def crashes(self) -> int: ...
 
 
-__all__ = ["Pool", "PoolEvents", "WorkerInfo"]
+__all__ = ["Pool", "PoolEvents", "Unstarted", "WorkerInfo"]
