@@ -41,7 +41,7 @@ class Snapshot:
     workers: dict[str, int]
     crashes: int
     tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
-    idempotency: IdempotencyStatistics | None = None
+    idempotency: IdempotencyStatistics
 
 
 class _StatsCollector(Collector):
@@ -105,15 +105,15 @@ class _StatsCollector(Collector):
             "batchgate_arrival_rate", "Items per second arriving (decaying average)",
             value=b.arrival_rate,
         )
-        if (store := s.idempotency) is not None:
-            yield GaugeMetricFamily(
-                "batchgate_idempotency_entries", "Idempotent answers kept", value=store.entries)
-            yield GaugeMetricFamily(
-                "batchgate_idempotency_bytes", "What the kept idempotent answers cost, in bytes",
-                value=store.bytes)
-            yield CounterMetricFamily(
-                "batchgate_idempotency_evictions", "Idempotent answers evicted by the bounds",
-                value=store.evictions)
+        store = s.idempotency
+        yield GaugeMetricFamily(
+            "batchgate_idempotency_entries", "Idempotent answers kept", value=store.entries)
+        yield GaugeMetricFamily(
+            "batchgate_idempotency_bytes", "What the kept idempotent answers cost, in bytes",
+            value=store.bytes)
+        yield CounterMetricFamily(
+            "batchgate_idempotency_evictions", "Idempotent answers evicted by the bounds",
+            value=store.evictions)
 
     def _busy(self, s: Snapshot) -> Iterator[Metric]:
         """Busy seconds as a counter, and the busy ratio of the ready workers since the
