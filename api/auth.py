@@ -7,7 +7,6 @@ import hmac
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from api.tiers import DEFAULT_TIERS, TierPolicy, tiers_from
 from batcher import Tier
@@ -28,10 +27,6 @@ class Principal:
     tier: Tier
     account: str
     key: str | None  # None for anonymous requests
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Crosses the link with every job (see `api.door.Job`).
-        return Principal, (self.tier, self.account, self.key)
 
 
 ANONYMOUS = Principal(Tier.FREE, ANONYMOUS_ACCOUNT, None)

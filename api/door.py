@@ -9,7 +9,7 @@ here. A gateway does only what needs no shared state: HTTP, JSON, keys, validati
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from api.auth import Principal
 from api.errors import ApiError, error_body, retry_after, to_api_error
 from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
-from api.requests import PendingRequest
+from api.requests import Collation, PendingRequest
 from api.service import Service
 from batcher import DeadlineExceeded, Item, Tier
 from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse, is_storable
@@ -39,24 +39,21 @@ class Job:
     timeout: float  # seconds
     idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Jobs and outcomes cross the link: a frozen dataclass's default pickling walks
-        # `fields()` on every load.
-        return Job, (self.principal, self.texts, self.single, self.timeout, self.idempotency)
-
 
 @dataclass(frozen=True, slots=True)
 class Answered:
     """The outputs, in order; the gateway renders them."""
 
     outputs: list[str]
-    queue: float  # seconds the slowest item waited in its queue
+    waits: tuple[float, ...]  # seconds each item waited in its queue
     batch: float  # seconds from the first item's dispatch to the answer
     batch_ids: tuple[int, ...] = ()  # the batches that answered it
     attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Answered, (self.outputs, self.queue, self.batch, self.batch_ids, self.attempts)
+    @property
+    def queue(self) -> float:
+        """Seconds the slowest item waited in its queue."""
+        return max(self.waits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +63,6 @@ class Rendered:
     status: int
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return Rendered, (self.status, self.body, self.headers)
 
 
 Outcome = Answered | Rendered
@@ -107,31 +101,47 @@ class Door:
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
 
-    def submit(
-        self, job: Job, register: Callable[[PendingRequest], None],
-        done: Callable[[Outcome], None],
-    ) -> None:
-        """`run` without a task, for the link's jobs without an Idempotency-Key (a keyed
-        one may wait on its leader: it takes `run`). `done` gets the outcome from the
-        callback that settles the request; a task per job cost the core process about as
-        much CPU as the dispatch itself."""
-        try:
-            self._check_rate(job)
-            items, pending = self._admit(job)
-        except Exception as exc:
-            done(self.refusal(exc, job.principal.tier))
-            return
-        register(pending)
-
-        def finished() -> None:
-            self._withdraw(items, pending)
+    def submit_all(
+        self, jobs: Sequence[tuple[Job, Collation]]
+    ) -> list[list[Item] | Rendered]:
+        """`run` without a task, for a gateway's jobs without an Idempotency-Key (a keyed
+        one may wait on its leader: it takes `run`): each job's items, queued to answer its
+        collation, or its refusal. The caller then waits for each collation to end and asks
+        `conclude`. One reading of the clock and of each tier's pressure serves the whole
+        frame of jobs: the rate limits tighten by a factor that moves by a few items per
+        frame, while admission still checks every job against the queue as it stands."""
+        service = self.service
+        now = service.clock.now()
+        factors: dict[Tier, float] = {}
+        out: list[list[Item] | Rendered] = []
+        admitting: list[tuple[list[Item], float]] = []
+        where: list[int] = []
+        for job, collation in jobs:
+            tier = job.principal.tier
             try:
-                outcome: Outcome = self._answered(job, items, pending)
+                factor = factors.get(tier)
+                if factor is None:
+                    factor = factors[tier] = pressure_factor(service.pressure(tier))
+                self.rate_limiter.check(job.principal, now, factor)
             except Exception as exc:
-                outcome = self.refusal(exc, job.principal.tier)
-            done(outcome)
+                out.append(self.refusal(exc, tier))
+                continue
+            items = service.new_items(job.texts, tier, now, job.timeout, collation)
+            where.append(len(out))
+            out.append(items)
+            admitting.append((items, job.timeout))
+        for at, refusal in zip(where, service.core.admit_all(admitting, now), strict=True):
+            if refusal is not None:
+                out[at] = self.refusal(refusal, jobs[at][0].principal.tier)
+        return out
 
-        pending.on_done(job.timeout, finished)
+    def conclude(self, job: Job, items: list[Item], collation: Collation) -> Outcome:
+        """What a submitted job's client gets, once its collation has ended."""
+        self._withdraw(items, collation)
+        try:
+            return self._answered(job, items, collation)
+        except Exception as exc:
+            return self.refusal(exc, job.principal.tier)
 
     async def ready(self) -> dict[str, object]:
         service = self.service
@@ -159,16 +169,14 @@ class Door:
         factor = pressure_factor(self.service.pressure(job.principal.tier))
         self.rate_limiter.check(job.principal, self.service.clock.now(), factor)
 
-    def _admit(self, job: Job) -> tuple[list[Item], PendingRequest]:
+    def _admit(self, job: Job, collation: Collation, now: float) -> list[Item]:
         service = self.service
-        pending = PendingRequest(len(job.texts))
-        items = service.new_items(job.texts, job.principal.tier, service.clock.now(),
-                                  job.timeout, pending)
-        service.core.admit(items, job.timeout)
-        return items, pending
+        items = service.new_items(job.texts, job.principal.tier, now, job.timeout, collation)
+        service.core.admit(items, job.timeout, now)
+        return items
 
-    def _withdraw(self, items: list[Item], pending: PendingRequest) -> None:
-        if pending.remaining:  # not all answered: never run what is left
+    def _withdraw(self, items: list[Item], collation: Collation) -> None:
+        if collation.remaining:  # not all answered: never run what is left
             for item in items:
                 self.service.core.cancel(item)
 
@@ -176,7 +184,8 @@ class Door:
         self, job: Job, receive: Receive | None,
         register: Callable[[PendingRequest], None] | None,
     ) -> Answered:
-        items, pending = self._admit(job)
+        pending = PendingRequest(len(job.texts))
+        items = self._admit(job, pending, self.service.clock.now())
         if register is not None:
             register(pending)
         try:
@@ -185,24 +194,25 @@ class Door:
             self._withdraw(items, pending)
         return self._answered(job, items, pending)
 
-    def _answered(self, job: Job, items: list[Item], pending: PendingRequest) -> Answered:
-        """The finished request's answer, or the error that ended it (raised)."""
-        service, principal = self.service, job.principal
-        if pending.client_left:
+    def _answered(self, job: Job, items: list[Item], collation: Collation) -> Answered:
+        """The finished request's answer, or the error that ended it (raised). Its queue
+        waits are observed where it is rendered (in a gateway, off the core's CPU)."""
+        service = self.service
+        if collation.client_left:
             raise ClientDisconnect()
-        if pending.error is not None:
-            raise pending.error
-        if pending.timed_out:
+        if collation.error is not None:
+            raise collation.error
+        if collation.timed_out:
             raise DeadlineExceeded("the request's deadline passed before it was answered")
-        tier = principal.tier.label
-        queue = 0.0
-        for item in items:
-            waited = item.dispatched - item.arrived
-            queue = max(queue, waited)
-            self.metrics.queue_waited(tier, waited)
+        if len(items) == 1:  # most requests: the same figures without the folds
+            item = items[0]
+            return Answered(collation.outputs, (item.dispatched - item.arrived,),
+                            service.clock.now() - item.dispatched, (item.batch,),
+                            1 + item.attempts)
+        waits = tuple(i.dispatched - i.arrived for i in items)
         batch = service.clock.now() - min(i.dispatched for i in items)
         batch_ids = tuple(sorted({i.batch for i in items}))
-        return Answered(pending.outputs, queue, batch, batch_ids,
+        return Answered(collation.outputs, waits, batch, batch_ids,
                         1 + max(i.attempts for i in items))
 
     async def _idempotent(
@@ -231,6 +241,7 @@ class Door:
         try:
             try:
                 answered = await self._serve(job, receive, register)
+                self.metrics.queue_waited(principal.tier.label, answered.waits)
                 response = Rendered(200, answer_body(answered.outputs, job.single))
             except Exception as exc:
                 response = self.refusal(exc, principal.tier)

@@ -5,13 +5,22 @@ sends during one event-loop turn into one frame: a batch of 100 answers leaves t
 one write, not 100. Both peers are processes of the same server, started from the same
 code, so pickle is safe here and is the fastest codec for these small tuples.
 
-Gateway -> core: ("run", rid, Job), ("cancel", rid), ("call", rid, name).
-Core -> gateway: ("done", rid, result) — an Outcome for "run", the value for "call".
+Messages are tuples of plain values (`run_message`, `outcome_message`): unpickling a
+dataclass calls back into Python for every object, and that cost the core process more
+per job than admitting it.
+
+Gateway -> core: ("run", rid, tier, account, key, texts, single, timeout, idempotency),
+("cancel", rid), ("call", rid, name).
+Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts) for an `Answered`,
+("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a "call".
 
 `RemoteCore` is the gateway's `CoreView`: the routes call it exactly as they call the
 core's `Door` in a single process. `LinkServer` runs in the core process and serves each
 gateway's jobs through the one `Door`, so priority, batching, admission, rate limits and
-idempotency stay global.
+idempotency stay global. It admits each frame's jobs together and waits for them without
+a task, a future or a timer each: a job's `Collation` tells the connection when it ends,
+deadlines fall due in 10 ms slots with one timer per slot, and the answers of a turn are
+concluded together.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import pickle
 import struct
 from collections.abc import Callable
@@ -27,23 +37,61 @@ from typing import Any, cast
 
 from starlette.types import Receive
 
-from api.door import Door, Job, Outcome, Rendered
+from api.auth import Principal
+from api.door import Answered, Door, Job, Outcome, Rendered
 from api.errors import error_body
-from api.requests import PendingRequest
+from api.requests import Collation
+from batcher import Item, Tier
 from gpu_pool import WorkerInfo
 
 log = logging.getLogger("batchgate.link")
 
 _LENGTH = struct.Struct("!I")
 CALLS = ("ready", "workers", "metrics_text", "gateways")
+GATEWAY_FRAME_SPACING_S = 0.003
+"""A gateway's frames to the core leave at least this far apart while it is busy. Every
+frame wakes the core, and a wake-up with its frame's bookkeeping costs the core about as
+much CPU as admitting five jobs: at thousands of requests a second a gateway would send a
+frame of one or two jobs every loop turn. Spaced, the frames carry more jobs each, for at
+most this much latency, and none at all on a quiet link."""
+DEADLINE_SLOT_S = 0.01  # a gateway's job times out at most this late
+PRINCIPALS_KEPT = 4096  # distinct callers whose Principal a connection reuses
+
+
+def run_message(rid: int, job: Job) -> tuple[Any, ...]:
+    p = job.principal
+    return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single, job.timeout,
+            job.idempotency)
+
+
+def outcome_message(rid: int, outcome: Outcome) -> tuple[Any, ...]:
+    if isinstance(outcome, Answered):
+        return ("ok", rid, outcome.outputs, outcome.waits, outcome.batch, outcome.batch_ids,
+                outcome.attempts)
+    return ("no", rid, outcome.status, outcome.body, outcome.headers)
+
+
+def outcome_of(message: tuple[Any, ...]) -> Any:
+    """The value a core -> gateway message carries: an `Outcome`, or a call's value."""
+    kind = message[0]
+    if kind == "ok":
+        return Answered(*message[2:])
+    if kind == "no":
+        return Rendered(*message[2:])
+    return message[2]
 
 
 class _Framed(asyncio.Protocol):
-    """Length-prefixed frames in, coalesced frames out."""
+    """Length-prefixed frames in, coalesced frames out: what is sent during one loop turn
+    leaves as one frame, and no sooner than `spacing` after the previous one (a quiet
+    link sends at once)."""
+
+    spacing = 0.0
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._outbox: list[tuple[Any, ...]] = []
+        self._last_flush = -math.inf
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -52,13 +100,20 @@ class _Framed(asyncio.Protocol):
 
     def send(self, message: tuple[Any, ...]) -> None:
         if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = asyncio.get_running_loop()
+            wait = self._last_flush + self.spacing - loop.time()
+            if wait > 0:
+                loop.call_later(wait, self._flush)
+            else:
+                loop.call_soon(self._flush)
         self._outbox.append(message)
 
     def _flush(self) -> None:
         messages, self._outbox = self._outbox, []
         if self.transport is None or self.transport.is_closing():
             return
+        if self.spacing:
+            self._last_flush = asyncio.get_running_loop().time()
         frame = pickle.dumps(messages, protocol=pickle.HIGHEST_PROTOCOL)
         self.transport.write(_LENGTH.pack(len(frame)) + frame)
 
@@ -72,79 +127,156 @@ class _Framed(asyncio.Protocol):
                 break
             messages = pickle.loads(memoryview(buffer)[start + 4:start + 4 + size])
             start += 4 + size
-            for message in messages:
-                self.received(message)
+            self.received(messages)
         del buffer[:start]
 
-    def received(self, message: tuple[Any, ...]) -> None:
+    def received(self, messages: list[tuple[Any, ...]]) -> None:
+        """One frame's messages, in the order they were sent."""
         raise NotImplementedError
 
 
 # -- the core's side ---------------------------------------------------------------------------
+class _LinkJob(Collation):
+    """A gateway's job without an Idempotency-Key, from admission to its answer."""
+
+    __slots__ = ("conn", "items", "job", "rid", "slot")
+
+    def __init__(self, conn: _GatewayConnection, rid: int, job: Job) -> None:
+        super().__init__(len(job.texts))
+        self.conn, self.rid, self.job = conn, rid, job
+        self.items: list[Item] = []
+        self.slot = -1
+
+    def ended(self) -> None:
+        self.conn.ended(self)
+
+
 class _GatewayConnection(_Framed):
     def __init__(self, door: Door, calls: dict[str, Callable[[], Any]]) -> None:
         super().__init__()
         self._door = door
         self._calls = calls
-        self._live: dict[int, PendingRequest] = {}
-        self._gone: set[int] = set()  # cancelled before their job started waiting
+        self._loop = asyncio.get_running_loop()
+        self._live: dict[int, Collation] = {}  # rid -> its job's collation, until it ends
+        self._starting: set[int] = set()  # keyed jobs not yet waiting (or never: replays)
+        self._gone: set[int] = set()  # of those, the ones whose client already left
+        self._ended: list[_LinkJob] = []  # to conclude at the end of this loop turn
+        self._slots: dict[int, dict[int, _LinkJob]] = {}  # deadline slot -> its jobs
+        self._principals: dict[tuple[int, str, str | None], Principal] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def received(self, message: tuple[Any, ...]) -> None:
-        kind, rid = message[0], message[1]
-        if kind == "run":
-            job: Job = message[2]
-            if job.idempotency is None:
-                self._door.submit(job, functools.partial(self._register, rid),
-                                  functools.partial(self._done, rid))
-            else:
-                self._spawn(self._run(rid, job))
-        elif kind == "cancel":
-            pending = self._live.pop(rid, None)
-            if pending is not None:
-                pending.leave()
-            else:
-                self._gone.add(rid)
-        elif kind == "call":
-            self._spawn(self._call(rid, message[2]))
+    def received(self, messages: list[tuple[Any, ...]]) -> None:
+        runs: list[_LinkJob] = []
+        for message in messages:
+            kind, rid = message[0], message[1]
+            if kind == "run":
+                job = self._job_of(message)
+                if job.idempotency is None:
+                    runs.append(_LinkJob(self, rid, job))
+                else:
+                    self._starting.add(rid)
+                    self._spawn(self._run(rid, job))
+            elif kind == "cancel":
+                if runs:  # its run may be in this frame
+                    self._submit(runs)
+                    runs = []
+                self._cancel(rid)
+            elif kind == "call":
+                self._spawn(self._call(rid, message[2]))
+        if runs:
+            self._submit(runs)
+
+    def _job_of(self, message: tuple[Any, ...]) -> Job:
+        _, _, tier, account, key, texts, single, timeout, idempotency = message
+        who = (tier, account, key)
+        principal = self._principals.get(who)
+        if principal is None:
+            if len(self._principals) >= PRINCIPALS_KEPT:
+                self._principals.clear()
+            principal = self._principals[who] = Principal(Tier(tier), account, key)
+        return Job(principal, texts, single, timeout, idempotency)
+
+    def _submit(self, runs: list[_LinkJob]) -> None:
+        results = self._door.submit_all([(run.job, run) for run in runs])
+        now = self._loop.time()
+        for run, result in zip(runs, results, strict=True):
+            if isinstance(result, Rendered):  # refused
+                self.send(outcome_message(run.rid, result))
+                continue
+            run.items = result
+            self._live[run.rid] = run
+            slot = math.ceil((now + run.job.timeout) / DEADLINE_SLOT_S)
+            jobs = self._slots.get(slot)
+            if jobs is None:
+                jobs = self._slots[slot] = {}
+                self._loop.call_at(slot * DEADLINE_SLOT_S, self._expire, slot)
+            jobs[run.rid] = run
+            run.slot = slot
+
+    def _expire(self, slot: int) -> None:
+        for run in self._slots.pop(slot, {}).values():
+            run.expire()
+
+    def _cancel(self, rid: int) -> None:
+        collation = self._live.pop(rid, None)
+        if collation is not None:
+            collation.leave()
+        elif rid in self._starting:
+            self._gone.add(rid)
+
+    def ended(self, run: _LinkJob) -> None:
+        """A job's collation ended (inside the owner's turn, a timer or a cancel): its
+        answer is concluded once the turn is over, with the others that end in it."""
+        if not self._ended:
+            self._loop.call_soon(self._conclude)
+        self._ended.append(run)
+
+    def _conclude(self) -> None:
+        runs, self._ended = self._ended, []
+        for run in runs:
+            self._live.pop(run.rid, None)
+            jobs = self._slots.get(run.slot)
+            if jobs is not None:
+                jobs.pop(run.rid, None)
+            outcome = self._door.conclude(run.job, run.items, run)
+            run.items = []
+            if not run.client_left and self.transport is not None:
+                self.send(outcome_message(run.rid, outcome))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _register(self, rid: int, pending: PendingRequest) -> None:
+    def _register(self, rid: int, pending: Collation) -> None:
+        self._starting.discard(rid)
         if rid in self._gone or self.transport is None:  # its client already left
             self._gone.discard(rid)
             pending.leave()
         else:
             self._live[rid] = pending
 
-    def _done(self, rid: int, outcome: Outcome) -> None:
-        self._live.pop(rid, None)
-        self._gone.discard(rid)
-        self.send(("done", rid, outcome))
-
     async def _run(self, rid: int, job: Job) -> None:
         try:
             outcome = await self._door.run(job, None, functools.partial(self._register, rid))
         finally:
             self._live.pop(rid, None)
+            self._starting.discard(rid)
             self._gone.discard(rid)
-        self.send(("done", rid, outcome))
+        self.send(outcome_message(rid, outcome))
 
     async def _call(self, rid: int, name: str) -> None:
         result = self._calls[name]()
         if asyncio.iscoroutine(result):
             result = await result
-        self.send(("done", rid, result))
+        self.send(("value", rid, result))
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The gateway is gone: its clients are too. Withdraw what has not run."""
         self.transport = None
-        for pending in self._live.values():
-            pending.leave()
-        self._live.clear()
+        live, self._live = self._live, {}
+        for collation in live.values():
+            collation.leave()
 
 
 class LinkServer:
@@ -175,15 +307,18 @@ class CoreLost(ConnectionError):
 
 
 class _CoreConnection(_Framed):
+    spacing = GATEWAY_FRAME_SPACING_S
     def __init__(self, lost: Callable[[], None]) -> None:
         super().__init__()
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self._lost = lost
 
-    def received(self, message: tuple[Any, ...]) -> None:
-        future = self.waiting.pop(message[1], None)
-        if future is not None and not future.done():
-            future.set_result(message[2])
+    def received(self, messages: list[tuple[Any, ...]]) -> None:
+        waiting = self.waiting
+        for message in messages:
+            future = waiting.pop(message[1], None)
+            if future is not None and not future.done():
+                future.set_result(outcome_of(message))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -216,7 +351,7 @@ class RemoteCore:
         rid = next(self._ids)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         conn.waiting[rid] = future
-        conn.send(("run", rid, job))
+        conn.send(run_message(rid, job))
         watch = asyncio.ensure_future(receive())
 
         def left(done: asyncio.Future[Any]) -> None:
@@ -267,4 +402,4 @@ def _unavailable() -> Rendered:
                     (("Retry-After", "1"),))
 
 
-__all__ = ["CALLS", "CoreLost", "LinkServer", "RemoteCore"]
+__all__ = ["CALLS", "CoreLost", "LinkServer", "RemoteCore", "outcome_of", "run_message"]

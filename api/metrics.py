@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,11 +197,13 @@ class Metrics:
             duration = self._durations[tier] = self.duration.labels(tier)
         duration.observe(seconds)
 
-    def queue_waited(self, tier: str, seconds: float) -> None:
+    def queue_waited(self, tier: str, waits: Iterable[float]) -> None:
+        """Each item's time in its queue."""
         wait = self._waits.get(tier)
         if wait is None:
             wait = self._waits[tier] = self.queue_wait.labels(tier)
-        wait.observe(seconds)
+        for seconds in waits:
+            wait.observe(seconds)
 
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         self._view.register(_StatsCollector(snapshot))

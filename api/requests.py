@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -88,21 +87,22 @@ def parse_timeout(header: str | None, default: float, maximum: float) -> float:
     return min(ms / 1000, maximum)
 
 
-_QUIET = contextvars.Context()
-"""The context of the waiter's own timer and disconnect watch, which read no context
-variable: passing it spares each request the copies asyncio would make (and the collector
-the objects to walk)."""
+QUIET = contextvars.Context()
+"""The context of callbacks that read no context variable (a waiter's timer and disconnect
+watch, a request's deferred bookkeeping): passing it spares each request the copies asyncio
+would make (and the collector the objects to walk)."""
 
 
-class PendingRequest:
-    """The sink for one request's items: collates outputs in order, and resolves `done`
-    once every item is answered, the first one fails, the client leaves or time runs out.
+class Collation:
+    """The sink for one request's items: collates outputs in order, and ends once every
+    item is answered, the first one fails, the client leaves or time runs out.
 
-    A bare asyncio future rather than an anyio event and cancel scope: this is the hot
-    path, paid once per request (the API runs under uvicorn, on asyncio, only).
+    Future-free: a subclass says what ending means. The core serving a gateway's jobs
+    ends thousands a second, and a future, its callback and a timer for each cost the
+    core process about as much CPU as the dispatch itself.
     """
 
-    __slots__ = ("client_left", "done", "error", "outputs", "remaining", "timed_out")
+    __slots__ = ("client_left", "error", "finished", "outputs", "remaining", "timed_out")
 
     def __init__(self, n: int) -> None:
         self.outputs: list[str] = [""] * n
@@ -110,61 +110,75 @@ class PendingRequest:
         self.error: BaseException | None = None
         self.client_left = False
         self.timed_out = False
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.finished = False
 
     def item_done(self, item: Item, result: str | BaseException) -> None:
-        if self.done.done():
+        if self.finished:
             return
         if isinstance(result, BaseException):
             self.error = result
-            self.done.set_result(None)
+            self._end()
             return
         self.outputs[item.index] = result
         self.remaining -= 1
         if self.remaining == 0:
-            self.done.set_result(None)
+            self.finished = True
+            self.ended()
 
     def expire(self) -> None:
-        if not self.done.done():
+        if not self.finished:
             self.timed_out = True
-            self.done.set_result(None)
+            self._end()
+
+    def leave(self) -> None:
+        """The client went away."""
+        if not self.finished:
+            self.client_left = True
+            self._end()
+
+    def _end(self) -> None:
+        self.finished = True
+        self.ended()
+
+    def ended(self) -> None:
+        """Called once, when the request is answered, failed, left or out of time."""
+        raise NotImplementedError
+
+
+class PendingRequest(Collation):
+    """A `Collation` that a request handler awaits in process.
+
+    A bare asyncio future rather than an anyio event and cancel scope: this is the hot
+    path, paid once per request (the API runs under uvicorn, on asyncio, only).
+    """
+
+    __slots__ = ("done",)
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def ended(self) -> None:
+        self.done.set_result(None)
 
     def left(self, receiving: asyncio.Future[Message]) -> None:
         """Done callback of the handler's pending `receive()`: a disconnect ends the wait."""
         if receiving.cancelled() or receiving.exception() is not None:
             return
-        if receiving.result()["type"] == "http.disconnect" and not self.done.done():
-            self.client_left = True
-            self.done.set_result(None)
-
-    def leave(self) -> None:
-        """The client went away (told by a gateway over the link)."""
-        if not self.done.done():
-            self.client_left = True
-            self.done.set_result(None)
-
-    def on_done(self, seconds: float, then: Callable[[], None]) -> None:
-        """`wait` without a task (the core serving a gateway's job): call `then` once the
-        request is answered, failed, left or out of time."""
-        timer = asyncio.get_running_loop().call_later(seconds, self.expire, context=_QUIET)
-
-        def finished(_: asyncio.Future[None]) -> None:
-            timer.cancel()
-            then()
-
-        self.done.add_done_callback(finished, context=_QUIET)
+        if receiving.result()["type"] == "http.disconnect":
+            self.leave()
 
     async def wait(self, seconds: float, receive: Receive | None) -> None:
         """Wait for the answer, the deadline, or the client leaving, whichever comes first.
         Without `receive` only `leave()` says the client left."""
         loop = asyncio.get_running_loop()
-        timer = loop.call_later(seconds, self.expire, context=_QUIET)
+        timer = loop.call_later(seconds, self.expire, context=QUIET)
         watch: asyncio.Task[Message] | None = None
         if receive is not None:
             watch = loop.create_task(
-                receive(), context=_QUIET  # type: ignore[arg-type]  # receive is a coroutine fn
+                receive(), context=QUIET  # type: ignore[arg-type]  # receive is a coroutine fn
             )
-            watch.add_done_callback(self.left, context=_QUIET)
+            watch.add_done_callback(self.left, context=QUIET)
         try:
             await self.done
         finally:
@@ -173,5 +187,5 @@ class PendingRequest:
                 watch.cancel()
 
 
-__all__ = ["MIN_TIMEOUT_MS", "Limits", "ParsedRequest", "PendingRequest", "parse_body",
-           "parse_timeout"]
+__all__ = ["MIN_TIMEOUT_MS", "QUIET", "Collation", "Limits", "ParsedRequest", "PendingRequest",
+           "parse_body", "parse_timeout"]

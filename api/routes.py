@@ -4,6 +4,7 @@ limits, idempotency, admission): the door does, in process or across the link.""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -20,7 +21,7 @@ from api.door import Answered, Job, Outcome, answer_body
 from api.errors import ApiError, error_response, to_api_error
 from api.fastpath import HttpCall, JsonAnswer
 from api.metrics import Metrics
-from api.requests import Limits, parse_body, parse_timeout
+from api.requests import QUIET, Limits, parse_body, parse_timeout
 from api.settings import Settings
 from gpu_pool import WorkerInfo
 
@@ -69,22 +70,34 @@ class Routes:
     async def batchstring(self, request: HttpCall) -> Response:
         started = time.perf_counter()
         tier = "unknown"
+        waits: tuple[float, ...] = ()
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.label
             job = await self._job(request, principal)
             outcome = await self.core.run(job, request.receive)
-            if isinstance(outcome, Answered):  # for the access log, if it is on
+            if isinstance(outcome, Answered):
+                waits = outcome.waits
+                # for the access log, if it is on
                 request.scope["batchgate"] = (outcome.batch_ids, outcome.attempts)
             response = _render(outcome, job.single)
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
             response = error_response(err.status, err.code, err.message, err.headers)
         elapsed = time.perf_counter() - started
-        if "server-timing" not in response.headers:  # errors and replays: the total only
+        if not isinstance(response, JsonAnswer):  # errors and replays: the total only
             response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
-        self.metrics.request_done(tier, response.status_code, elapsed)
+        # Counted once every answer woken with this one is written: a batch's hundred
+        # answers wake together, and each one's bookkeeping would delay the next.
+        asyncio.get_running_loop().call_soon(
+            self._record, tier, response.status_code, elapsed, waits, context=QUIET)
         return response
+
+    def _record(self, tier: str, status: int, elapsed: float,
+                waits: tuple[float, ...]) -> None:
+        self.metrics.request_done(tier, status, elapsed)
+        if waits:
+            self.metrics.queue_waited(tier, waits)
 
     async def _job(self, request: HttpCall, principal: Principal) -> Job:
         key = request.headers.get("idempotency-key")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 import anyio
 from anyio.abc import TaskStatus
@@ -110,8 +111,11 @@ class Service:
         self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink
     ) -> list[Item]:
         deadline = now + timeout
+        ids = self._ids
+        if len(texts) == 1:  # most requests
+            return [Item(cast(ItemId, next(ids)), texts[0], tier, now, deadline, sink)]
         return [
-            Item(ItemId(next(self._ids)), text, tier, now, deadline, sink, index)
+            Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index)
             for index, text in enumerate(texts)
         ]
 

@@ -82,15 +82,15 @@ class Batcher:
         if self._draining:
             raise Closed("the server is shutting down")
         tier = items[0].tier
+        n = len(items)
         if self._admission is not None:
-            ahead = self._queues.depth_through(tier) + len(items) - 1
+            ahead = self._queues.depth_through(tier) + n - 1
             self._admission.check(tier, ahead, ready, deadline_in, self._overtaking(tier, now))
-        self._queues.ensure_room(tier, len(items))  # all or nothing
-        self._arrivals[tier].add(len(items), now)
-        self._recent.append((now, len(items)))
         for item in items:
             item.enqueued = now
-            self._queues.put_nowait(item)
+        self._queues.put_all(items, tier)  # all or nothing
+        self._arrivals[tier].add(n, now)
+        self._recent.append((now, n))
 
     def cancel(self, item: Item) -> None:
         """The waiter gave up (client gone, deadline passed): never run this item."""
@@ -160,7 +160,10 @@ class Batcher:
 
     def _overtaking(self, tier: Tier, now: float) -> float:
         """Items/s arriving in tiers that will be served before `tier`."""
-        return sum(self._arrivals[t].rate(now) for t in self._above[tier])
+        above = self._above[tier]
+        if not above:  # the top tier: nothing overtakes it
+            return 0.0
+        return sum(self._arrivals[t].rate(now) for t in above)
 
     def statistics(self, now: float) -> BatcherStatistics:
         q = self._queues.statistics()

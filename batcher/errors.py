@@ -20,7 +20,7 @@ class BatchgateError(Exception):
 
 
 class QueueFull(BatchgateError):
-    """Raised by `TierQueues.put_nowait` when the tier holds its maximum of items."""
+    """Raised by `TierQueues.put_all` when the tier holds its maximum of items."""
 
     code = "queue_full"
 

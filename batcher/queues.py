@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batcher.errors import QueueFull
-from batcher.types import Item, Lane, Tier
+from batcher.types import LANE_OF, Item, Lane, Tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,21 +49,29 @@ class TierQueues:
 
     def depth_through(self, tier: Tier) -> int:
         """Live items that would run before a new item of `tier` (its own tier and above)."""
-        return sum(self._live[: Lane.of(tier) + 1])
+        return sum(self._live[: LANE_OF[tier] + 1])
 
     def ensure_room(self, tier: Tier, n: int) -> None:
         """Raise QueueFull unless `n` more items of `tier` fit under its cap."""
-        if self._live[Lane.of(tier)] + n > self._capacity[tier]:
+        if self._live[LANE_OF[tier]] + n > self._capacity[tier]:
             raise QueueFull(f"the {tier.label} queue is full", retry_after=1.0)
+
+    def put_all(self, items: list[Item], tier: Tier) -> None:
+        """Append a request's items (all of `tier`) together, or raise QueueFull at the
+        tier's hard cap and queue none."""
+        lane = LANE_OF[tier]
+        n = len(items)
+        if self._live[lane] + n > self._capacity[tier]:
+            raise QueueFull(f"the {tier.label} queue is full", retry_after=1.0)
+        for item in items:
+            item.lane = lane
+        self._lanes[lane].extend(items)
+        self._live[lane] += n
+        self._total += n
 
     def put_nowait(self, item: Item) -> None:
         """Append to the item's tier; raise QueueFull at the tier's hard cap."""
-        self.ensure_room(item.tier, 1)
-        lane = Lane.of(item.tier)
-        item.lane = lane
-        self._lanes[lane].append(item)
-        self._live[lane] += 1
-        self._total += 1
+        self.put_all([item], item.tier)
 
     def push_retry(self, items: Iterable[Item]) -> None:
         """Put re-routed items at the head of the retry lane, keeping their order."""

@@ -21,7 +21,7 @@ class Tier(enum.IntEnum):
     @property
     def label(self) -> str:
         """The name in metrics, messages and config files."""
-        return self.name.lower()
+        return _TIER_LABELS[self]
 
 
 class Lane(enum.IntEnum):
@@ -37,7 +37,13 @@ class Lane(enum.IntEnum):
 
     @classmethod
     def of(cls, tier: Tier) -> Lane:
-        return cls.PAID if tier is Tier.PAID else cls.FREE
+        return LANE_OF[tier]
+
+
+_TIER_LABELS = {tier: tier.name.lower() for tier in Tier}
+LANE_OF = (Lane.PAID, Lane.FREE)
+"""Each tier's lane, indexed by the tier: `Lane.of` for the hot path."""
+assert all(LANE_OF[tier].name == tier.name for tier in Tier)
 
 
 class FlushReason(enum.Enum):
@@ -84,4 +90,4 @@ class Item:
         self.sink.item_done(self, result)
 
 
-__all__ = ["MAX_BATCH", "FlushReason", "Item", "ItemId", "ItemSink", "Lane", "Tier"]
+__all__ = ["LANE_OF", "MAX_BATCH", "FlushReason", "Item", "ItemId", "ItemSink", "Lane", "Tier"]

@@ -16,13 +16,16 @@ GPU never idles while the front door writes sockets.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from batcher import (
     Admission,
     Batcher,
     BatcherStatistics,
+    BatchgateError,
     Capacity,
+    Closed,
     DeadlineExceeded,
     FlushReason,
     Item,
@@ -34,6 +37,7 @@ from failover.table import InFlightTable, TableStatistics
 from gpu_pool import Err, Ok, Run, WorkerId
 
 Result = tuple[Item, str | BaseException]
+Refusal = BatchgateError | Closed  # why `admit` turned a request away
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +97,34 @@ class DispatchCore:
         queue was empty, is full, or the idle trigger would fire): the owner must take a
         turn. Under load two workers are often idle while the trigger holds back, and a turn
         for every arrival then cost the core process more than the dispatch itself."""
+        was_empty = len(self._batcher) == 0
+        self._admit(items, deadline_in, now, self._table.ready_count())
+        return self._must_turn(was_empty, now)
+
+    def admit_all(
+        self, requests: Sequence[tuple[list[Item], float]], now: float
+    ) -> tuple[list[Refusal | None], bool]:
+        """`admit` for several requests that arrived together (a gateway's frame): each
+        one's refusal or None, and whether the owner must take a turn, decided once."""
+        was_empty = len(self._batcher) == 0
+        ready = self._table.ready_count()
+        refusals: list[Refusal | None] = []
+        for items, deadline_in in requests:
+            try:
+                self._admit(items, deadline_in, now, ready)
+                refusals.append(None)
+            except (BatchgateError, Closed) as exc:
+                refusals.append(exc)
+        return refusals, self._must_turn(was_empty, now)
+
+    def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:
         if self._quarantine and self._quarantine.holds((i.text for i in items), now):
             raise QueryOfDeath("this input killed a worker when run alone; refused for a while")
-        was_empty = len(self._batcher) == 0
-        self._batcher.admit(items, deadline_in, now, self._table.ready_count())
+        self._batcher.admit(items, deadline_in, now, ready)
+
+    def _must_turn(self, was_empty: bool, now: float) -> bool:
         idle = self._table.idle_count()
-        if idle <= 0:
+        if idle <= 0 or len(self._batcher) == 0:
             return False
         if was_empty or len(self._batcher) >= self._max_batch:
             return True
@@ -244,4 +270,4 @@ class DispatchCore:
             self._busy_seconds += now - started
 
 
-__all__ = ["CoreActions", "CoreStatistics", "DispatchCore", "Send"]
+__all__ = ["CoreActions", "CoreStatistics", "DispatchCore", "Refusal", "Send"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,7 @@ import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from batcher import Clock, FlushReason, Item, Tier
-from failover.core import CoreActions, CoreStatistics, DispatchCore
+from failover.core import CoreActions, CoreStatistics, DispatchCore, Refusal
 from gpu_pool import Err, Ok, Pool, WorkerId
 
 
@@ -88,10 +89,20 @@ class CoreOwner:
         self._wake.set()
 
     # -- the front door --------------------------------------------------------------------
-    def admit(self, items: list[Item], deadline_in: float) -> None:
-        """Queue a request's items or refuse them all (the core's errors propagate)."""
-        if self._core.admit(items, deadline_in, self._clock.now()):
+    def admit(self, items: list[Item], deadline_in: float, now: float | None = None) -> None:
+        """Queue a request's items or refuse them all (the core's errors propagate); `now`
+        when the caller has just read the clock."""
+        if self._core.admit(items, deadline_in, self._clock.now() if now is None else now):
             self._wake.set()
+
+    def admit_all(
+        self, requests: Sequence[tuple[list[Item], float]], now: float
+    ) -> list[Refusal | None]:
+        """Queue several requests (each refused or queued whole): each one's refusal."""
+        refusals, turn = self._core.admit_all(requests, now)
+        if turn:
+            self._wake.set()
+        return refusals
 
     def cancel(self, item: Item) -> None:
         self._core.cancel(item)
@@ -168,7 +179,7 @@ class CoreOwner:
         for seconds in actions.batch_seconds:
             observer.batch_done(seconds)
         for item, result in actions.settle:
-            item.settle(result)
+            item.sink.item_done(item, result)  # `Item.settle`, inlined: 100 a batch
 
 
 __all__ = ["CoreObserver", "CoreOwner"]

@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from api.app import settle_heap
 from api.auth import Principal
 from api.door import Answered, Door, Job
-from api.link import LinkServer, _CoreConnection
+from api.link import LinkServer, _CoreConnection, run_message
 from api.metrics import Metrics
 from api.service import Service
 from api.settings import Settings
@@ -74,7 +75,7 @@ async def _generate(path: str, rate: float, duration: float, seed: int,
         text = f"g{seed}-{i}"
         future: asyncio.Future[Any] = loop.create_future()
         conn.waiting[i] = future
-        conn.send(("run", i, Job(principal, [text], True, 60.0)))
+        conn.send(run_message(i, Job(principal, [text], True, 60.0)))
         future.add_done_callback(functools.partial(check, text, at))
         pending.append(future)
     await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True),
@@ -102,6 +103,7 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
             runner = tg.create_task(service.run(task_status=_Started(started)))
             await started.wait()
             await server.start(path)
+            settle_heap()  # as the cell's core does once started
             before = service.core.statistics().batcher
             start_at = time.monotonic() + 2.0  # the generators' imports take a moment
             pipes, procs = [], []

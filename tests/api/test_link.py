@@ -1,0 +1,185 @@
+"""The core's side of the link: a gateway's frames against a real core (its owner task, one
+worker process running a counting model) over a real Unix socket.
+
+The test speaks the protocol as a gateway does, so it controls what shares a frame: every
+message sent during one loop turn leaves as one frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from api.auth import Principal
+from api.door import Answered, Door, Job, Rendered
+from api.link import CoreLost, LinkServer, _CoreConnection, run_message
+from api.metrics import Metrics
+from api.service import Service
+from api.settings import Settings
+from api.tiers import DEFAULT_TIERS, TierPolicy
+from batcher import Tier
+
+pytestmark = pytest.mark.anyio
+BATCH_S = 0.4  # each batch holds the one worker this long
+ROOMY = 1e9
+WHO = Principal(Tier.PAID, "acct", "key")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def tiers(**paid: float) -> dict[Tier, TierPolicy]:
+    """Limits past any test's load, but for what a test sets on the paid tier."""
+    roomy = {t: dataclasses.replace(p, rate=ROOMY, burst=ROOMY, account_rate=ROOMY,
+                                    account_burst=ROOMY, budget_ms=ROOMY, timeout_ms=ROOMY)
+             for t, p in DEFAULT_TIERS.items()}
+    roomy[Tier.PAID] = dataclasses.replace(roomy[Tier.PAID], **paid)
+    return roomy
+
+
+class Gateway:
+    """One link, as a gateway holds it; `send` many in one turn to share a frame."""
+
+    def __init__(self, conn: _CoreConnection) -> None:
+        self.conn = conn
+
+    def run(self, rid: int, text: str, timeout: float = 60.0) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.conn.waiting[rid] = future
+        self.conn.send(run_message(rid, Job(WHO, [text], True, timeout)))
+        return future
+
+    def cancel(self, rid: int) -> None:
+        self.conn.waiting.pop(rid, None)
+        self.conn.send(("cancel", rid))
+
+    def close(self) -> None:
+        assert self.conn.transport is not None
+        self.conn.transport.close()
+
+
+@asynccontextmanager
+async def core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limits: dict[Tier, TierPolicy]
+) -> AsyncIterator[tuple[Service, Path, str]]:
+    """A core process's parts in this one: service, door and link server. Yields the
+    service, the file the model writes each input it runs to, and the link's path."""
+    ran = tmp_path / "ran.txt"
+    ran.touch()
+    monkeypatch.setenv("BATCHGATE_TEST_COUNT_FILE", str(ran))  # the spawned worker's
+    settings = Settings(model="tests.models:counting", workers=1, ready_timeout_s=120,
+                        batch_latency_ms=BATCH_S * 1000, max_wait_ms=1)
+    metrics = Metrics()
+    service = Service(settings, metrics, limits)
+    server = LinkServer(Door(service, metrics))
+    path = str(tmp_path / "link.sock")
+    async with anyio.create_task_group() as tg:
+        await tg.start(service.run)
+        await server.start(path)
+        yield service, ran, path
+        server.close()
+        await service.drain()
+        tg.cancel_scope.cancel()
+
+
+async def connect(path: str) -> Gateway:
+    _, conn = await asyncio.get_running_loop().create_unix_connection(
+        lambda: _CoreConnection(lambda: None), path)
+    return Gateway(conn)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Returns once `condition` holds; polls the core's state between its turns, bounded."""
+    with anyio.fail_after(30):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.005)
+
+
+async def test_a_frame_of_jobs_gets_each_its_own_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (_, ran, path):
+        gateway = await connect(path)
+        answers = [gateway.run(rid, f"job-{rid}") for rid in range(1, 8)]  # one frame
+        with anyio.fail_after(30):
+            outcomes = await asyncio.gather(*answers)
+        assert [o.outputs for o in outcomes] == [[f"job-{r}"[::-1]] for r in range(1, 8)]
+        assert all(isinstance(o, Answered) and len(o.waits) == 1 for o in outcomes)
+        assert sorted(ran.read_text().split()) == sorted(f"job-{r}" for r in range(1, 8))
+
+
+async def test_a_job_over_its_rate_is_refused_alone_and_its_frame_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers(rate=0.01, burst=3)) as (_, ran, path):
+        gateway = await connect(path)
+        answers = [gateway.run(rid, f"job-{rid}") for rid in range(1, 6)]  # one frame
+        with anyio.fail_after(30):
+            outcomes = await asyncio.gather(*answers)
+        assert [type(o) for o in outcomes] == [Answered] * 3 + [Rendered] * 2
+        assert all(o.status == 429 and b"rate_limited" in o.body
+                   for o in outcomes if isinstance(o, Rendered))
+        assert sorted(ran.read_text().split()) == ["job-1", "job-2", "job-3"]
+
+
+async def test_a_job_cancelled_in_its_own_frame_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (_, ran, path):
+        gateway = await connect(path)
+        kept = gateway.run(1, "kept")
+        gateway.run(2, "left")
+        gateway.cancel(2)  # the same frame: admitted, then withdrawn before any batch
+        with anyio.fail_after(30):
+            assert (await kept).outputs == ["tpek"]
+        # "left" could only have shared kept's batch: the worker ran nothing else since.
+        assert ran.read_text().split() == ["kept"]
+
+
+async def test_a_queued_job_past_its_deadline_is_answered_504_while_the_worker_is_busy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (service, ran, path):
+        gateway = await connect(path)
+        first = gateway.run(1, "first")
+        await until(lambda: service.core.statistics().table.busy == 1)  # "first" runs
+        late = gateway.run(2, "late", timeout=0.05)
+        with anyio.fail_after(30):
+            done, _ = await asyncio.wait([first, late], return_when=asyncio.FIRST_COMPLETED)
+        assert done == {late}, "the deadline waited for the busy worker"
+        outcome = late.result()
+        assert isinstance(outcome, Rendered) and outcome.status == 504
+        with anyio.fail_after(30):
+            assert (await first).outputs == ["tsrif"]
+        assert ran.read_text().split() == ["first"]
+
+
+async def test_a_gateway_gone_withdraws_its_queued_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (service, ran, path):
+        staying, leaving = await connect(path), await connect(path)
+        first = staying.run(1, "first")
+        await until(lambda: service.core.statistics().table.busy == 1)
+        orphans = [leaving.run(rid, f"orphan-{rid}") for rid in range(1, 4)]
+        await until(lambda: service.core.statistics().batcher.pending == 3)
+        leaving.close()
+        for orphan in orphans:  # as a gateway's are, once its link is gone
+            with pytest.raises(CoreLost):
+                await orphan
+        await until(lambda: service.core.statistics().batcher.pending == 0)
+        with anyio.fail_after(30):
+            assert (await first).outputs == ["tsrif"]
+            assert (await staying.run(2, "after")).outputs == ["retfa"]
+        assert ran.read_text().split() == ["first", "after"]
