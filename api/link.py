@@ -41,19 +41,21 @@ from api.auth import Principal
 from api.door import Answered, Door, Job, Outcome, Rendered
 from api.errors import error_body
 from api.requests import Collation
-from batcher import Item, Tier
+from batcher import Item, RateMeter, Tier
 from gpu_pool import WorkerInfo
 
 log = logging.getLogger("batchgate.link")
 
 _LENGTH = struct.Struct("!I")
 CALLS = ("ready", "workers", "metrics_text", "gateways")
-GATEWAY_FRAME_SPACING_S = 0.003
-"""A gateway's frames to the core leave at least this far apart while it is busy. Every
-frame wakes the core, and a wake-up with its frame's bookkeeping costs the core about as
-much CPU as admitting five jobs: at thousands of requests a second a gateway would send a
-frame of one or two jobs every loop turn. Spaced, the frames carry more jobs each, for at
-most this much latency, and none at all on a quiet link."""
+GATEWAY_FRAME_SPACING_S = 0.005
+GATEWAY_BUSY_RATE = 1000.0
+"""A gateway sending more than `GATEWAY_BUSY_RATE` messages a second to the core spaces
+its frames `GATEWAY_FRAME_SPACING_S` apart. Every frame wakes the core, and a wake-up with
+its frame's bookkeeping costs the core about as much CPU as admitting five jobs: at
+thousands of requests a second a gateway would send a frame of one or two jobs every loop
+turn. Spaced, the frames carry more jobs each, for at most the spacing in latency; below
+the rate, where the core has CPU to spare, nothing waits."""
 DEADLINE_SLOT_S = 0.01  # a gateway's job times out at most this late
 PRINCIPALS_KEPT = 4096  # distinct callers whose Principal a connection reuses
 
@@ -83,15 +85,17 @@ def outcome_of(message: tuple[Any, ...]) -> Any:
 
 class _Framed(asyncio.Protocol):
     """Length-prefixed frames in, coalesced frames out: what is sent during one loop turn
-    leaves as one frame, and no sooner than `spacing` after the previous one (a quiet
-    link sends at once)."""
+    leaves as one frame, and, while more than `busy_rate` messages a second are sent, no
+    sooner than `spacing` after the previous one."""
 
     spacing = 0.0
+    busy_rate = 0.0
 
     def __init__(self) -> None:
         self._buffer = bytearray()
         self._outbox: list[tuple[Any, ...]] = []
         self._last_flush = -math.inf
+        self._sent = RateMeter()
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -99,10 +103,12 @@ class _Framed(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def send(self, message: tuple[Any, ...]) -> None:
+        if self.spacing:
+            self._sent.add(1, asyncio.get_running_loop().time())
         if not self._outbox:
             loop = asyncio.get_running_loop()
             wait = self._last_flush + self.spacing - loop.time()
-            if wait > 0:
+            if wait > 0 and self._sent.rate(loop.time()) > self.busy_rate:
                 loop.call_later(wait, self._flush)
             else:
                 loop.call_soon(self._flush)
@@ -308,6 +314,7 @@ class CoreLost(ConnectionError):
 
 class _CoreConnection(_Framed):
     spacing = GATEWAY_FRAME_SPACING_S
+    busy_rate = GATEWAY_BUSY_RATE
     def __init__(self, lost: Callable[[], None]) -> None:
         super().__init__()
         self.waiting: dict[int, asyncio.Future[Any]] = {}

@@ -55,6 +55,9 @@ class RateMeter:
         self._last = -math.inf
 
     def add(self, n: int, now: float) -> None:
+        if now == self._last:  # the same instant (a gateway's frame): nothing decayed
+            self._rate += n / self.tau
+            return
         self._rate = self.rate(now) + n / self.tau
         self._last = now
 

@@ -183,3 +183,46 @@ async def test_a_gateway_gone_withdraws_its_queued_jobs(
             assert (await first).outputs == ["tsrif"]
             assert (await staying.run(2, "after")).outputs == ["retfa"]
         assert ran.read_text().split() == ["first", "after"]
+
+
+class Recorder:
+    """A transport that keeps what is written, and when (the loop's clock)."""
+
+    def __init__(self) -> None:
+        self.frames: list[float] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(asyncio.get_running_loop().time())
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def link(busy_rate: float, spacing: float) -> tuple[_CoreConnection, Recorder]:
+    conn = _CoreConnection(lambda: None)
+    conn.busy_rate, conn.spacing = busy_rate, spacing
+    recorder = Recorder()
+    conn.connection_made(recorder)  # type: ignore[arg-type]
+    return conn, recorder
+
+
+async def test_a_busy_gateways_frames_to_the_core_are_spaced() -> None:
+    conn, sent = link(busy_rate=0.0, spacing=0.05)
+    conn.send(("cancel", 1))
+    conn.send(("cancel", 2))  # the same turn: the same frame
+    await asyncio.sleep(0)
+    assert len(sent.frames) == 1
+    conn.send(("cancel", 3))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert len(sent.frames) == 1  # waits for the spacing
+    await until(lambda: len(sent.frames) == 2)
+    assert sent.frames[1] - sent.frames[0] >= 0.05
+
+
+async def test_a_quiet_gateway_sends_each_turns_frame_at_once() -> None:
+    conn, sent = link(busy_rate=1e9, spacing=0.05)
+    for rid in range(3):
+        conn.send(("cancel", rid))
+        await asyncio.sleep(0)
+        assert len(sent.frames) == rid + 1
