@@ -29,9 +29,12 @@ MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window sh
 # The front door's CPU, measured on the 2-core machine of README's results (sim workers,
 # one-input requests; `python -m loadtest.bench_http --rates 1600@2 3000@4 --gateways 1 2`);
 # a GPU host's cores are usually faster, so this errs on the safe side.
-GATEWAY_CPU_MS = 0.20  # per request, in a gateway process: HTTP, JSON, keys, its link end
-CORE_CPU_MS = 0.09  # per request in the core process of a cell (door, core, link, pool IPC)
-SINGLE_CPU_MS = 0.22  # per request when one process does it all (--gateways 1)
+GATEWAY_CPU_MS = 0.18  # per request, in a gateway process: HTTP, JSON, keys, its link end
+# Per request in the core process of a cell (door, core, link, pool IPC): 0.057 ms measured
+# at 1,600 RPS, 0.038 at 3,000 and 0.028 at 10,000 through the link alone (bench_link); it
+# falls with load as the gateways' frames carry more jobs each.
+CORE_CPU_MS = 0.05
+SINGLE_CPU_MS = 0.19  # per request when one process does it all (--gateways 1)
 CORE_CPU_MS_PER_ITEM = 0.012  # per further input of a request, in the core
 BUSY = 0.6  # the share of a core each process is planned at, so queues in it stay short
 
