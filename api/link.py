@@ -103,12 +103,13 @@ class _Framed(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def send(self, message: tuple[Any, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if self.spacing:
-            self._sent.add(1, asyncio.get_running_loop().time())
+            self._sent.add(1, now)
         if not self._outbox:
-            loop = asyncio.get_running_loop()
-            wait = self._last_flush + self.spacing - loop.time()
-            if wait > 0 and self._sent.rate(loop.time()) > self.busy_rate:
+            wait = self._last_flush + self.spacing - now
+            if wait > 0 and self._sent.rate(now) > self.busy_rate:
                 loop.call_later(wait, self._flush)
             else:
                 loop.call_soon(self._flush)
