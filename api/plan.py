@@ -31,8 +31,8 @@ MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window sh
 # a GPU host's cores are usually faster, so this errs on the safe side.
 GATEWAY_CPU_MS = 0.18  # per request, in a gateway process: HTTP, JSON, keys, its link end
 # Per request in the core process of a cell (door, core, link, pool IPC): 0.057 ms measured
-# at 1,600 RPS, 0.038 at 3,000 and 0.028 at 10,000 through the link alone (bench_link); it
-# falls with load as the gateways' frames carry more jobs each.
+# at 1,600 RPS, 0.038 at 3,000, and 0.028-0.039 at 10,000 through the link alone
+# (bench_link); it falls with load as the gateways' frames carry more jobs each.
 CORE_CPU_MS = 0.05
 SINGLE_CPU_MS = 0.19  # per request when one process does it all (--gateways 1)
 CORE_CPU_MS_PER_ITEM = 0.012  # per further input of a request, in the core
