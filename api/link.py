@@ -103,17 +103,25 @@ class _Framed(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def send(self, message: tuple[Any, ...]) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if self.spacing:
-            self._sent.add(1, now)
+        self.send_all([message])
+
+    def send_all(self, messages: list[tuple[Any, ...]]) -> None:
+        """Queue `messages` for this turn's frame (or the next spaced one)."""
         if not self._outbox:
-            wait = self._last_flush + self.spacing - now
-            if wait > 0 and self._sent.rate(now) > self.busy_rate:
+            loop = asyncio.get_running_loop()
+            wait = -1.0
+            if self.spacing:
+                now = loop.time()
+                self._sent.add(len(messages), now)
+                if self._sent.rate(now) > self.busy_rate:
+                    wait = self._last_flush + self.spacing - now
+            if wait > 0:
                 loop.call_later(wait, self._flush)
             else:
                 loop.call_soon(self._flush)
-        self._outbox.append(message)
+        elif self.spacing:
+            self._sent.add(len(messages), asyncio.get_running_loop().time())
+        self._outbox += messages
 
     def _flush(self) -> None:
         messages, self._outbox = self._outbox, []
@@ -240,15 +248,19 @@ class _GatewayConnection(_Framed):
 
     def _conclude(self) -> None:
         runs, self._ended = self._ended, []
+        live, slots, conclude = self._live, self._slots, self._door.conclude
+        answers: list[tuple[Any, ...]] = []
         for run in runs:
-            self._live.pop(run.rid, None)
-            jobs = self._slots.get(run.slot)
+            live.pop(run.rid, None)
+            jobs = slots.get(run.slot)
             if jobs is not None:
                 jobs.pop(run.rid, None)
-            outcome = self._door.conclude(run.job, run.items, run)
+            outcome = conclude(run.job, run.items, run)
             run.items = []
-            if not run.client_left and self.transport is not None:
-                self.send(outcome_message(run.rid, outcome))
+            if not run.client_left:
+                answers.append(outcome_message(run.rid, outcome))
+        if answers and self.transport is not None:
+            self.send_all(answers)
 
     def _spawn(self, coro: Any) -> None:
         task = self._loop.create_task(coro)
