@@ -51,11 +51,6 @@ class TierQueues:
         """Live items that would run before a new item of `tier` (its own tier and above)."""
         return sum(self._live[: LANE_OF[tier] + 1])
 
-    def ensure_room(self, tier: Tier, n: int) -> None:
-        """Raise QueueFull unless `n` more items of `tier` fit under its cap."""
-        if self._live[LANE_OF[tier]] + n > self._capacity[tier]:
-            raise QueueFull(f"the {tier.label} queue is full", retry_after=1.0)
-
     def put_all(self, items: list[Item], tier: Tier) -> None:
         """Append a request's items (all of `tier`) together, or raise QueueFull at the
         tier's hard cap and queue none."""

@@ -35,14 +35,10 @@ class Lane(enum.IntEnum):
     def label(self) -> str:
         return self.name.lower()
 
-    @classmethod
-    def of(cls, tier: Tier) -> Lane:
-        return LANE_OF[tier]
-
 
 _TIER_LABELS = {tier: tier.name.lower() for tier in Tier}
 LANE_OF = (Lane.PAID, Lane.FREE)
-"""Each tier's lane, indexed by the tier: `Lane.of` for the hot path."""
+"""Each tier's lane, indexed by the tier."""
 assert all(LANE_OF[tier].name == tier.name for tier in Tier)
 
 
