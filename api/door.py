@@ -100,7 +100,7 @@ class Door:
             return self.refusal(exc, job.principal.tier)
 
     def submit_all(
-        self, jobs: Sequence[tuple[Job, Collation]]
+        self, jobs: Sequence[Job], collations: Sequence[Collation]
     ) -> list[list[Item] | Rendered]:
         """`run` without a task, for a gateway's jobs without an Idempotency-Key (a keyed
         one may wait on its leader: it takes `run`): each job's items, queued to answer its
@@ -108,36 +108,53 @@ class Door:
         `conclude`. One reading of the clock and of each tier's pressure serves the whole
         frame of jobs: the rate limits tighten by a factor that moves by a few items per
         frame, while admission still checks every job against the queue as it stands."""
-        service = self.service
+        service, limiter = self.service, self.rate_limiter
         now = service.clock.now()
         factors: dict[Tier, float] = {}
         out: list[list[Item] | Rendered] = []
         admitting: list[tuple[list[Item], float]] = []
         where: list[int] = []
-        for job, collation in jobs:
-            tier = job.principal.tier
+        start, end = 0, len(jobs)
+        while start < end:  # a run of one caller's jobs at a time
+            principal = jobs[start].principal
+            stop = start + 1
+            while stop < end and jobs[stop].principal is principal:
+                stop += 1
+            tier = principal.tier
             try:
                 factor = factors.get(tier)
                 if factor is None:
                     factor = factors[tier] = pressure_factor(service.pressure(tier))
-                self.rate_limiter.check(job.principal, now, factor)
+                passed = start + limiter.allow(principal, stop - start, now, factor)
             except Exception as exc:
-                out.append(self.refusal(exc, tier))
+                out += [self.refusal(exc, tier) for _ in range(start, stop)]
+                start = stop
                 continue
-            items = service.new_items(job.texts, tier, now, job.timeout, collation)
-            where.append(len(out))
-            out.append(items)
-            admitting.append((items, job.timeout))
+            for at in range(start, stop):
+                job = jobs[at]
+                if at >= passed:
+                    try:
+                        limiter.check(principal, now, factor)
+                    except Exception as exc:
+                        out.append(self.refusal(exc, tier))
+                        continue
+                items = service.new_items(job.texts, tier, now, job.timeout, collations[at])
+                where.append(len(out))
+                out.append(items)
+                admitting.append((items, job.timeout))
+            start = stop
         for at, refusal in zip(where, service.core.admit_all(admitting, now), strict=True):
             if refusal is not None:
-                out[at] = self.refusal(refusal, jobs[at][0].principal.tier)
+                out[at] = self.refusal(refusal, jobs[at].principal.tier)
         return out
 
-    def conclude(self, job: Job, items: list[Item], collation: Collation) -> Outcome:
-        """What a submitted job's client gets, once its collation has ended."""
+    def conclude(self, job: Job, items: list[Item], collation: Collation,
+                 now: float) -> Outcome:
+        """What a submitted job's client gets, once its collation has ended (`now`: one
+        reading of the clock serves every job concluded together)."""
         self._withdraw(items, collation)
         try:
-            return self._answered(job, items, collation)
+            return self._answered(job, items, collation, now)
         except Exception as exc:
             return self.refusal(exc, job.principal.tier)
 
@@ -190,12 +207,12 @@ class Door:
             await pending.wait(job.timeout, receive)
         finally:
             self._withdraw(items, pending)
-        return self._answered(job, items, pending)
+        return self._answered(job, items, pending, self.service.clock.now())
 
-    def _answered(self, job: Job, items: list[Item], collation: Collation) -> Answered:
+    def _answered(self, job: Job, items: list[Item], collation: Collation,
+                  now: float) -> Answered:
         """The finished request's answer, or the error that ended it (raised). Its queue
         waits are observed where it is rendered (in a gateway, off the core's CPU)."""
-        service = self.service
         if collation.client_left:
             raise ClientDisconnect()
         if collation.error is not None:
@@ -205,10 +222,10 @@ class Door:
         if len(items) == 1:  # most requests: the same figures without the folds
             item = items[0]
             return Answered(collation.outputs, (item.dispatched - item.arrived,),
-                            service.clock.now() - item.dispatched, (item.batch,),
+                            now - item.dispatched, (item.batch,),
                             1 + item.attempts)
         waits = tuple(i.dispatched - i.arrived for i in items)
-        batch = service.clock.now() - min(i.dispatched for i in items)
+        batch = now - min(i.dispatched for i in items)
         batch_ids = tuple(sorted({i.batch for i in items}))
         return Answered(collation.outputs, waits, batch, batch_ids,
                         1 + max(i.attempts for i in items))

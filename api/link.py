@@ -182,11 +182,16 @@ class _GatewayConnection(_Framed):
 
     def received(self, messages: list[tuple[Any, ...]]) -> None:
         runs: list[_LinkJob] = []
+        principals = self._principals
         for message in messages:
             kind, rid = message[0], message[1]
             if kind == "run":
-                job = self._job_of(message)
-                if job.idempotency is None:
+                _, _, tier, account, key, texts, single, timeout, idempotency = message
+                principal = principals.get((tier, account, key))
+                if principal is None:
+                    principal = self._principal(tier, account, key)
+                job = Job(principal, texts, single, timeout, idempotency)
+                if idempotency is None:
                     runs.append(_LinkJob(self, rid, job))
                 else:
                     self._starting.add(rid)
@@ -201,18 +206,16 @@ class _GatewayConnection(_Framed):
         if runs:
             self._submit(runs)
 
-    def _job_of(self, message: tuple[Any, ...]) -> Job:
-        _, _, tier, account, key, texts, single, timeout, idempotency = message
-        who = (tier, account, key)
-        principal = self._principals.get(who)
-        if principal is None:
-            if len(self._principals) >= PRINCIPALS_KEPT:
-                self._principals.clear()
-            principal = self._principals[who] = Principal(Tier(tier), account, key)
-        return Job(principal, texts, single, timeout, idempotency)
+    def _principal(self, tier: int, account: str, key: str | None) -> Principal:
+        """A caller not seen lately: one Principal per caller, so that a frame's jobs of
+        one caller share it (the door rate-limits them together)."""
+        if len(self._principals) >= PRINCIPALS_KEPT:
+            self._principals.clear()
+        principal = self._principals[tier, account, key] = Principal(Tier(tier), account, key)
+        return principal
 
     def _submit(self, runs: list[_LinkJob]) -> None:
-        results = self._door.submit_all([(run.job, run) for run in runs])
+        results = self._door.submit_all([run.job for run in runs], runs)
         now = self._loop.time()
         for run, result in zip(runs, results, strict=True):
             if isinstance(result, Rendered):  # refused
@@ -249,13 +252,14 @@ class _GatewayConnection(_Framed):
     def _conclude(self) -> None:
         runs, self._ended = self._ended, []
         live, slots, conclude = self._live, self._slots, self._door.conclude
+        now = self._door.service.clock.now()
         answers: list[tuple[Any, ...]] = []
         for run in runs:
             live.pop(run.rid, None)
             jobs = slots.get(run.slot)
             if jobs is not None:
                 jobs.pop(run.rid, None)
-            outcome = conclude(run.job, run.items, run)
+            outcome = conclude(run.job, run.items, run, now)
             run.items = []
             if not run.client_left:
                 answers.append(outcome_message(run.rid, outcome))

@@ -98,6 +98,17 @@ class Admission:
     def budget(self, tier: Tier) -> float:
         return self._settings.budgets[tier]
 
+    def admits(
+        self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
+    ) -> bool:
+        """Whether `check` would admit, without counting a refusal."""
+        if workers <= 0:
+            return False
+        if ahead <= 0:
+            return True
+        expected = self.estimate(ahead, workers, overtaking)
+        return expected <= self._settings.budgets[tier] and expected <= deadline_in
+
     def check(
         self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
     ) -> None:

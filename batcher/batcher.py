@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batcher.admission import Admission, RateMeter
@@ -91,6 +92,31 @@ class Batcher:
         self._queues.put_all(items, tier)  # all or nothing
         self._arrivals[tier].add(n, now)
         self._recent.append((now, n))
+
+    def admit_run(self, requests: Sequence[list[Item]], deadline_in: float, now: float,
+                  ready: int) -> bool:
+        """`admit` each of several requests of one tier and one deadline at one moment, in
+        one step when the last of them is admitted (then so is every earlier one: a wait
+        estimate only grows with the queue ahead). False, with nothing queued, when not;
+        the caller then admits them one by one to find which are refused."""
+        if self._draining:
+            return False
+        tier = requests[0][0].tier
+        n = sum(map(len, requests))
+        if self._admission is not None:
+            ahead = self._queues.depth_through(tier) + n - 1
+            if not self._admission.admits(tier, ahead, ready, deadline_in,
+                                          self._overtaking(tier, now)):
+                return False
+        items = [item for request in requests for item in request]
+        if not self._queues.fits(len(items), tier):
+            return False
+        for item in items:
+            item.enqueued = now
+        self._queues.put_all(items, tier)
+        self._arrivals[tier].add(n, now)
+        self._recent.extend([(now, len(request)) for request in requests])
+        return True
 
     def cancel(self, item: Item) -> None:
         """The waiter gave up (client gone, deadline passed): never run this item."""

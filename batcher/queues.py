@@ -51,6 +51,10 @@ class TierQueues:
         """Live items that would run before a new item of `tier` (its own tier and above)."""
         return sum(self._live[: LANE_OF[tier] + 1])
 
+    def fits(self, n: int, tier: Tier) -> bool:
+        """Whether `n` more items of `tier` stay within its hard cap."""
+        return self._live[LANE_OF[tier]] + n <= self._capacity[tier]
+
     def put_all(self, items: list[Item], tier: Tier) -> None:
         """Append a request's items (all of `tier`) together, or raise QueueFull at the
         tier's hard cap and queue none."""

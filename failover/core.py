@@ -109,12 +109,24 @@ class DispatchCore:
         was_empty = len(self._batcher) == 0
         ready = self._table.ready_count()
         refusals: list[Refusal | None] = []
-        for items, deadline_in in requests:
-            try:
-                self._admit(items, deadline_in, now, ready)
-                refusals.append(None)
-            except (BatchgateError, Closed) as exc:
-                refusals.append(exc)
+        start, end = 0, len(requests)
+        while start < end:  # a run of one tier and one deadline at a time
+            tier, deadline_in = requests[start][0][0].tier, requests[start][1]
+            stop = start + 1
+            while (stop < end and requests[stop][1] == deadline_in
+                   and requests[stop][0][0].tier is tier):
+                stop += 1
+            if stop - start > 1 and not self._quarantine and self._batcher.admit_run(
+                    [items for items, _ in requests[start:stop]], deadline_in, now, ready):
+                refusals += [None] * (stop - start)
+            else:
+                for items, deadline_in in requests[start:stop]:
+                    try:
+                        self._admit(items, deadline_in, now, ready)
+                        refusals.append(None)
+                    except (BatchgateError, Closed) as exc:
+                        refusals.append(exc)
+            start = stop
         return refusals, self._must_turn(was_empty, now)
 
     def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:

@@ -70,6 +70,45 @@ def test_never_more_than_burst_plus_rate_times_elapsed(times: list[float], facto
     assert n <= POLICY.burst + POLICY.rate * factor * elapsed + 1e-9
 
 
+def outcomes(limiter: RateLimiter, who: Principal, n: int, now: float, factor: float
+             ) -> list[float]:
+    """Each request's Retry-After (0 when it passed)."""
+    seen: list[float] = []
+    for _ in range(n):
+        try:
+            limiter.check(who, now, factor)
+            seen.append(0.0)
+        except RateLimited as exc:
+            seen.append(exc.retry_after)
+    return seen
+
+
+@given(st.lists(st.tuples(st.sampled_from([KEY_A, KEY_B]), st.floats(0, 0.5)), max_size=40),
+       st.sampled_from([KEY_A, KEY_B]), st.integers(1, 20), st.floats(0, 0.5),
+       st.floats(0.1, 1.0))
+def test_a_run_allowed_at_once_passes_and_refuses_as_checking_it_one_by_one(
+    history: list[tuple[Principal, float]], who: Principal, n: int, later: float,
+    factor: float,
+) -> None:
+    """`allow` then `check` for the rest gives each request of a frame the answer, and
+    leaves the buckets, as `n` checks would."""
+    at_once, one_by_one = RateLimiter(LIMITS), RateLimiter(LIMITS)
+    now = 0.0
+    for caller, dt in history:  # the same past for both
+        now += dt
+        for limiter in (at_once, one_by_one):
+            outcomes(limiter, caller, 1, now, factor)
+    now += later
+    passed = at_once.allow(who, n, now, factor)
+    assert 0 <= passed <= n
+    expected = outcomes(one_by_one, who, n, now, factor)
+    assert passed == next((i for i, wait in enumerate(expected) if wait), n)  # all it can
+    assert [0.0] * passed + outcomes(at_once, who, n - passed, now, factor) == expected
+    for caller in (KEY_A, KEY_B):  # and the next requests see the same buckets
+        assert outcomes(at_once, caller, 3, now + 0.05, factor) == \
+            outcomes(one_by_one, caller, 3, now + 0.05, factor)
+
+
 def test_token_bucket_refills_with_time() -> None:
     bucket = TokenBucket(burst=1, now=0.0)
     assert bucket.take(0.0, rate=2, burst=1) == 0.0

@@ -260,6 +260,44 @@ def test_load_rate_sees_a_step_in_load_at_once_and_never_reads_below_the_average
     assert b.load_rate(now + 10.0) < 1.0  # quiet again: the step is over
 
 
+def sizes_and_depths() -> st.SearchStrategy[tuple[int, list[int], float, int, int, bool]]:
+    return st.tuples(st.integers(0, 120), st.lists(st.integers(1, 30), min_size=1, max_size=8),
+                     st.sampled_from([0.05, 0.1, 0.2, 10.0]), st.integers(0, 2),
+                     st.sampled_from([60, 150, 1000]), st.booleans())
+
+
+@settings(max_examples=300)
+@given(sizes_and_depths(), st.sampled_from(Tier))
+def test_a_run_admitted_at_once_is_what_admitting_it_request_by_request_gives(
+    case: tuple[int, list[int], float, int, int, bool], tier: Tier,
+) -> None:
+    """`admit_run` either queues the whole run, exactly as one `admit` per request would
+    have, or queues nothing where one of those would have been refused."""
+    queued, sizes, deadline_in, ready, cap, draining = case
+    at_once, one_by_one = (batcher(cap=cap, admission=admission(free_budget=0.15))
+                           for _ in range(2))
+    for b in (at_once, one_by_one):
+        if queued:
+            b.admit(items(min(queued, cap), Tier.PAID), 10.0, now=0.0, ready=1)  # ahead of all
+        if draining:
+            b.drain()
+    run = [items(n, tier) for n in sizes]
+    before = at_once.statistics(0.0)
+    refused = 0
+    for request in run:
+        try:
+            one_by_one.admit(request, deadline_in, now=0.0, ready=ready)
+        except (Overloaded, QueueFull, Closed):
+            refused += 1
+    if at_once.admit_run(run, deadline_in, now=0.0, ready=ready):
+        assert refused == 0
+        assert at_once.statistics(0.0) == one_by_one.statistics(0.0)
+        assert at_once.load_rate(0.0) == one_by_one.load_rate(0.0)
+    else:
+        assert refused > 0
+        assert at_once.statistics(0.0) == before
+
+
 def test_expected_wait_counts_only_the_work_served_first() -> None:
     b = batcher(admission=admission(free_budget=10.0))
     b.admit(items(100), 10.0, now=0.0, ready=1)

@@ -92,6 +92,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.m = Model()
         self.requests: list[Request] = []
         self.items: dict[int, Item] = {}
+        self.next_id = 0
         self.up: set[WorkerId] = set()
         self.incarnations = 0
         self.batch_of: dict[int, WorkerId] = {}
@@ -165,28 +166,53 @@ class CoreMachine(RuleBasedStateMachine):
         self.up.add(worker)
         self.perform(self.core.worker_ready(worker, self.now))
 
-    @rule(tier=st.sampled_from(Tier), n=st.integers(1, 6),
-          timeout=st.sampled_from([0.08, 0.3, 5.0]))
-    def admit(self, tier: Tier, n: int, timeout: float) -> None:
-        base = len(self.items)
+    def new_request(self, tier: Tier, n: int, timeout: float) -> list[Item]:
+        base, self.next_id = self.next_id, self.next_id + n
         items = [Item(ItemId(base + k), f"r:{base + k}", tier, self.now, self.now + timeout,
                       self, k) for k in range(n)]
         for item in items:
             self.items[item.id] = item
-        deadline = self.core.next_deadline()  # the owner's timer, armed at its last turn
-        try:
-            turn = self.core.admit(items, timeout, self.now)
-        except (BatchgateError, Closed):
+        return items
+
+    def admitted(self, items: list[Item], refusal: BaseException | None) -> None:
+        if refusal is not None:
             for item in items:  # refused: never queued, never answered
                 del self.items[item.id]
             return
         self.requests.append(Request(items))
         self.m.queued.update((i.id, i) for i in items)
+
+    def turn_after_admit(self, turn: bool, deadline: float) -> None:
         actions = self.core.poll(self.now)
         # The owner takes a turn only when admit asks for one: a turn it skips must have
         # had nothing to do, and the timer it keeps must still be right.
         assert turn or (not actions.send and self.core.next_deadline() == deadline)
         self.perform(actions)
+
+    @rule(tier=st.sampled_from(Tier), n=st.integers(1, 6),
+          timeout=st.sampled_from([0.08, 0.3, 5.0]))
+    def admit(self, tier: Tier, n: int, timeout: float) -> None:
+        items = self.new_request(tier, n, timeout)
+        deadline = self.core.next_deadline()  # the owner's timer, armed at its last turn
+        try:
+            turn = self.core.admit(items, timeout, self.now)
+        except (BatchgateError, Closed) as exc:
+            self.admitted(items, exc)
+            return
+        self.admitted(items, None)
+        self.turn_after_admit(turn, deadline)
+
+    @rule(frame=st.lists(st.tuples(st.sampled_from(Tier), st.integers(1, 6),
+                                   st.sampled_from([0.3, 5.0])), min_size=1, max_size=8))
+    def admit_frame(self, frame: list[tuple[Tier, int, float]]) -> None:
+        """A gateway's frame: requests admitted together, runs of one tier and deadline
+        in one step when the last of the run fits."""
+        requests = [(self.new_request(tier, n, timeout), timeout) for tier, n, timeout in frame]
+        deadline = self.core.next_deadline()
+        refusals, turn = self.core.admit_all(requests, self.now)
+        for (items, _), refusal in zip(requests, refusals, strict=True):
+            self.admitted(items, refusal)
+        self.turn_after_admit(turn, deadline)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data())
