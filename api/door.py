@@ -107,7 +107,9 @@ class Door:
         collation, or its refusal. The caller then waits for each collation to end and asks
         `conclude`. One reading of the clock and of each tier's pressure serves the whole
         frame of jobs: the rate limits tighten by a factor that moves by a few items per
-        frame, while admission still checks every job against the queue as it stands."""
+        frame. A run of one caller's jobs takes its tokens at once, and the core admits a
+        run of one tier at once; each job is still refused exactly as it would be alone,
+        after the jobs before it."""
         service, limiter = self.service, self.rate_limiter
         now = service.clock.now()
         factors: dict[Tier, float] = {}
