@@ -101,10 +101,10 @@ class Admission:
     def admits(
         self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
     ) -> bool:
-        """Whether `check` would admit, without counting a refusal."""
+        """Whether an item with `ahead` items before it is admitted; counts no refusal."""
         if workers <= 0:
             return False
-        if ahead <= 0:
+        if ahead <= 0:  # nothing queued ahead: refusing it would protect nobody
             return True
         expected = self.estimate(ahead, workers, overtaking)
         return expected <= self._settings.budgets[tier] and expected <= deadline_in
@@ -113,27 +113,26 @@ class Admission:
         self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
     ) -> None:
         """Admit, or raise Overloaded (with the code of the limit hit and a Retry-After)."""
-        expected = self.estimate(ahead, workers, overtaking)
+        if self.admits(tier, ahead, workers, deadline_in, overtaking):
+            return
+        self._refuse(tier)
         if workers <= 0:
-            self._refuse(tier)
             raise Overloaded("no worker is ready", 1.0, code="no_healthy_worker")
+        expected = self.estimate(ahead, workers, overtaking)
         retry = expected - self._latency  # the time the queue ahead needs to drain
-        # An item with nothing queued ahead is always admitted: refusing it protects nobody.
-        if ahead > 0 and expected > self._settings.budgets[tier]:
-            self._refuse(tier)
+        budget = self._settings.budgets[tier]
+        if expected > budget:
             raise Overloaded(
                 f"expected wait {expected * 1000:.0f} ms exceeds the {tier.label} "
-                f"tier's budget of {self._settings.budgets[tier] * 1000:.0f} ms",
+                f"tier's budget of {budget * 1000:.0f} ms",
                 retry,
                 code="over_budget",
             )
-        if ahead > 0 and expected > deadline_in:
-            self._refuse(tier)
-            raise Overloaded(
-                f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline",
-                retry,
-                code="deadline_unreachable",
-            )
+        raise Overloaded(
+            f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline",
+            retry,
+            code="deadline_unreachable",
+        )
 
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(self._latency, dict(self._refused))
