@@ -15,13 +15,12 @@ from typing import Any, NamedTuple
 import anyio
 import orjson
 from starlette.requests import ClientDisconnect
-from starlette.types import Receive
 
 from api.auth import Principal
 from api.errors import ApiError, error_body, retry_after, to_api_error
 from api.limits import RateLimiter, pressure_factor
 from api.metrics import Metrics
-from api.requests import Collation, PendingRequest
+from api.requests import ClientWatch, Collation, PendingRequest
 from api.service import Service
 from batcher import DeadlineExceeded, Item, Tier
 from failover import LEADER_GONE, Join, Lead, Replay, StoredResponse, is_storable
@@ -86,16 +85,16 @@ class Door:
         self._gateways = gateways
 
     async def run(
-        self, job: Job, receive: Receive | None = None,
+        self, job: Job, client: ClientWatch | None = None,
         register: Callable[[PendingRequest], None] | None = None,
     ) -> Outcome:
-        """Decide and wait. `receive` watches the client (in process); a remote caller
+        """Decide and wait. `client` hears the client hang up (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
         try:
             self._check_rate(job)  # replays and joins count against the rate too
             if job.idempotency is None:
-                return await self._serve(job, receive, register)
-            return await self._idempotent(job, receive, register)
+                return await self._serve(job, client, register)
+            return await self._idempotent(job, client, register)
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
 
@@ -198,7 +197,7 @@ class Door:
                 self.service.core.cancel(item)
 
     async def _serve(
-        self, job: Job, receive: Receive | None,
+        self, job: Job, client: ClientWatch | None,
         register: Callable[[PendingRequest], None] | None,
     ) -> Answered:
         pending = PendingRequest(len(job.texts))
@@ -206,7 +205,7 @@ class Door:
         if register is not None:
             register(pending)
         try:
-            await pending.wait(job.timeout, receive)
+            await pending.wait(job.timeout, client)
         finally:
             self._withdraw(items, pending)
         return self._answered(job, items, pending, self.service.clock.now())
@@ -233,7 +232,7 @@ class Door:
                         1 + max(i.attempts for i in items))
 
     async def _idempotent(
-        self, job: Job, receive: Receive | None,
+        self, job: Job, client: ClientWatch | None,
         register: Callable[[PendingRequest], None] | None,
     ) -> Rendered:
         """Run a keyed request once per account: join it in flight, or replay its answer."""
@@ -257,7 +256,7 @@ class Door:
         assert isinstance(begin, Lead)
         try:
             try:
-                answered = await self._serve(job, receive, register)
+                answered = await self._serve(job, client, register)
                 self.metrics.queue_waited(principal.tier.label, answered.waits)
                 response = Rendered(200, answer_body(answered.outputs, job.single))
             except Exception as exc:

@@ -14,17 +14,16 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from api.requests import CONNECTION, ClientWatch, ReceiveWatch
+
 HOT_PATH = "/v1/batchstring"
 
 
-class HttpCall(Protocol):
-    """What a handler reads of a request; Starlette's `Request` fits too."""
+class HttpCall(ClientWatch, Protocol):
+    """What a handler reads of a request, and how it hears the client hang up."""
 
     @property
     def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def receive(self) -> Receive: ...
 
     @property
     def scope(self) -> Scope: ...
@@ -33,17 +32,24 @@ class HttpCall(Protocol):
 
 
 class RawCall:
-    __slots__ = ("_receive", "_scope", "headers")
+    __slots__ = ("_receive", "_scope", "_watch", "headers")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         # ASGI header names arrive lower-cased; a repeated header keeps its last value.
         self.headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         self._receive = receive
         self._scope = scope
+        self._watch: ClientWatch | None = None
 
-    @property
-    def receive(self) -> Receive:
-        return self._receive
+    def watch(self, leave: Callable[[], object]) -> None:
+        watch = self._scope.get(CONNECTION)  # batchgate's own protocol hands its connection
+        self._watch = ReceiveWatch(self._receive) if watch is None else watch
+        self._watch.watch(leave)
+
+    def unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.unwatch()
+            self._watch = None
 
     @property
     def scope(self) -> Scope:

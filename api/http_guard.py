@@ -15,18 +15,24 @@ Each connection here is held to:
   `headers_too_large`, counted as bytes arrive, so an oversized head is never buffered.
 
 Each refusal is a JSON error with `Connection: close`, written by the protocol itself.
+
+It also hands each request its connection in the scope (`api.requests.CONNECTION`): a
+handler awaiting an answer hears from the connection itself that the client hung up, with
+no task waiting on `receive()` for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.errors import error_body
+from api.requests import CONNECTION
 
 log = logging.getLogger("batchgate.http")
 
@@ -58,6 +64,35 @@ def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
     return Guarded
 
 
+class Departure:
+    """A connection's `ClientWatch`. One request at a time waits on it: uvicorn runs a
+    pipelined request once the one before it is answered. (Its own `receive()` marks only
+    the newest request disconnected, so a handler whose request had a pipelined successor
+    never heard its client go.) It holds no reference to the protocol, so the scopes that
+    hold it leave no reference cycle behind."""
+
+    __slots__ = ("_gone", "_leave")
+
+    def __init__(self) -> None:
+        self._gone = False
+        self._leave: Callable[[], object] | None = None
+
+    def watch(self, leave: Callable[[], object]) -> None:
+        if self._gone:
+            leave()
+        else:
+            self._leave = leave
+
+    def unwatch(self) -> None:
+        self._leave = None
+
+    def lost(self) -> None:
+        self._gone = True
+        leave, self._leave = self._leave, None
+        if leave is not None:
+            leave()
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     LIMITS = ConnectionLimits()
 
@@ -67,6 +102,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = True  # the next bytes are (part of) a request's head
         self._head_bytes = 0  # raw bytes received since the head began
         self._refused = False
+        self._departure = Departure()
 
     # A request whose head and body arrive in one read, the usual case, arms no timer: the
     # checks run once per read and once per head, and cost about a microsecond a request.
@@ -85,6 +121,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self._departure.lost()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -122,6 +159,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             raise _HeadersTooLarge
         self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
+        # The request's own scope, not yet seen by its task; a key of batchgate's own.
+        cast("dict[str, Any]", self.scope)[CONNECTION] = self._departure
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -191,4 +230,4 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             transport.close()
 
 
-__all__ = ["ConnectionLimits", "GuardedHttpProtocol", "guarded_protocol"]
+__all__ = ["ConnectionLimits", "Departure", "GuardedHttpProtocol", "guarded_protocol"]

@@ -35,12 +35,10 @@ import struct
 from collections.abc import Callable
 from typing import Any, cast
 
-from starlette.types import Receive
-
 from api.auth import Principal
 from api.door import Answered, Door, Job, Outcome, Rendered
 from api.errors import error_body
-from api.requests import Collation
+from api.requests import ClientWatch, Collation
 from batcher import Item, RateMeter, Tier
 from gpu_pool import WorkerInfo
 
@@ -368,7 +366,7 @@ class RemoteCore:
             lambda: _CoreConnection(self._on_lost), self._path
         )
 
-    async def run(self, job: Job, receive: Receive) -> Outcome:
+    async def run(self, job: Job, client: ClientWatch) -> Outcome:
         conn = self._conn
         if conn is None or conn.transport is None:
             return _unavailable()
@@ -376,20 +374,18 @@ class RemoteCore:
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         conn.waiting[rid] = future
         conn.send(run_message(rid, job))
-        watch = asyncio.ensure_future(receive())
 
-        def left(done: asyncio.Future[Any]) -> None:
-            if not done.cancelled() and done.exception() is None \
-                    and done.result()["type"] == "http.disconnect" and not future.done():
+        def left() -> None:
+            if not future.done():
                 conn.send(("cancel", rid))
 
-        watch.add_done_callback(left)
+        client.watch(left)
         try:
             return await future
         except CoreLost:
             return _unavailable()
         finally:
-            watch.cancel()
+            client.unwatch()
 
     async def _call(self, name: str) -> Any:
         conn = self._conn

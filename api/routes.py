@@ -14,14 +14,13 @@ from typing import Any, Protocol
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive
 
 from api.auth import KeyRing, KeysFileError, Principal, load_keys
 from api.door import Answered, Job, Outcome, answer_body
 from api.errors import ApiError, error_response, to_api_error
 from api.fastpath import HttpCall, JsonAnswer
 from api.metrics import Metrics
-from api.requests import QUIET, Limits, parse_body, parse_timeout
+from api.requests import QUIET, ClientWatch, Limits, parse_body, parse_timeout
 from api.settings import Settings
 from gpu_pool import WorkerInfo
 
@@ -35,7 +34,7 @@ class CoreView(Protocol):
     """What the routes need of the core: its door, and what the other endpoints show.
     `api.app.LocalCore` serves it in process; `api.link.RemoteCore` across the link."""
 
-    async def run(self, job: Job, receive: Receive) -> Outcome: ...
+    async def run(self, job: Job, client: ClientWatch) -> Outcome: ...
 
     async def ready(self) -> dict[str, object]: ...
 
@@ -75,7 +74,7 @@ class Routes:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.label
             job = await self._job(request, principal)
-            outcome = await self.core.run(job, request.receive)
+            outcome = await self.core.run(job, request)
             if isinstance(outcome, Answered):
                 waits = outcome.waits
                 # for the access log, if it is on
