@@ -19,7 +19,7 @@ import pytest
 
 from api.auth import Principal
 from api.door import Answered, Door, Job, Rendered
-from api.link import CoreLost, LinkServer, _CoreConnection, run_message
+from api.link import CoreLost, LinkServer, _CoreConnection, _GatewayConnection, run_message
 from api.metrics import Metrics
 from api.service import Service
 from api.settings import Settings
@@ -226,3 +226,20 @@ async def test_a_quiet_gateway_sends_each_turns_frame_at_once() -> None:
         conn.send(("cancel", rid))
         await asyncio.sleep(0)
         assert len(sent.frames) == rid + 1
+
+
+async def test_an_answered_jobs_deadline_timer_goes_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Left armed, every 10 ms slot's timer lived as long as its jobs' timeout."""
+    async with core(tmp_path, monkeypatch, tiers()) as (service, _, _):
+        conn = _GatewayConnection(Door(service, Metrics()), {})
+        sent = Recorder()
+        conn.connection_made(sent)  # type: ignore[arg-type]
+        conn.received([run_message(rid, Job(WHO, [f"job-{rid}"], True, 60.0))
+                       for rid in (1, 2)])
+        timers = [due.timer for due in conn._slots.values()]
+        assert timers, "a waiting job's deadline is armed"
+        await until(lambda: len(sent.frames) >= 1 and not conn._live)  # both answered
+        assert conn._slots == {}
+        assert all(timer.cancelled() for timer in timers)
