@@ -153,9 +153,52 @@ def multiprocess_metrics(folder: Path) -> None:
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 
+SCRATCH_PREFIX = "batchgate-cell-"
+
+
+def sweep_scratch(root: Path) -> list[Path]:
+    """Remove what cores killed outright left in `root`; returns the folders removed.
+
+    A cell's scratch folder (its link socket, every process's metric files) is named for its
+    core's pid. A core killed by SIGKILL or the OOM killer never reaches its own clean-up, and
+    a server restarted after each crash would leave one folder per crash. A folder goes once
+    its core's pid is gone and nothing listens on its link (the second check spares a live
+    cell whose /tmp is shared across pid namespaces).
+    """
+    removed: list[Path] = []
+    for folder in root.glob(f"{SCRATCH_PREFIX}*-*"):
+        pid = folder.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)) and not _listening(folder / "link.sock"):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def serve_cell(settings: Settings, gpus: int) -> int:
     """Run the core here and `settings.gateways` gateways in front of it; block until done."""
-    scratch = Path(tempfile.mkdtemp(prefix="batchgate-cell-"))
+    root = Path(tempfile.gettempdir())
+    for folder in sweep_scratch(root):
+        log.info("removed %s, left by a core that was killed", folder)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
     try:
         multiprocess_metrics(scratch / "metrics")
         sock = bind(settings.host, settings.port)
@@ -222,4 +265,5 @@ async def _core_main(settings: Settings, gpus: int, sock: socket.socket, link: s
     log.info("stopped")
 
 
-__all__ = ["Gateways", "bind", "multiprocess_metrics", "serve_cell"]
+__all__ = ["SCRATCH_PREFIX", "Gateways", "bind", "multiprocess_metrics", "serve_cell",
+           "sweep_scratch"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ import anyio
 import httpx
 import pytest
 
+from api.cell import SCRATCH_PREFIX, sweep_scratch
 from loadtest.server import fetch_metrics, metric, parse_metrics, running_server
 from tests.e2e.helpers import EXAMPLE_KEYS
 
@@ -139,7 +141,7 @@ async def test_metrics_of_every_process_are_in_one_scrape() -> None:
         assert metric(m, "batchgate_workers", state="ready") == 1  # and its gauges
 
 
-async def test_every_gateway_and_worker_exits_when_the_core_dies() -> None:
+def test_every_gateway_and_worker_exits_when_the_core_dies() -> None:
     import psutil
 
     with running_server(workers=2, args=["--gateways", "2", "--keys", str(EXAMPLE_KEYS)]) as srv:
@@ -148,3 +150,9 @@ async def test_every_gateway_and_worker_exits_when_the_core_dies() -> None:
         os.kill(srv.process.pid, signal.SIGKILL)
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
+    # Killed outright, the core never removed its scratch folder: the next cell does.
+    tmp = Path(tempfile.gettempdir())
+    left = list(tmp.glob(f"{SCRATCH_PREFIX}{srv.process.pid}-*"))
+    assert len(left) == 1 and (left[0] / "metrics").is_dir()
+    assert left[0] in sweep_scratch(tmp)
+    assert not left[0].exists()
