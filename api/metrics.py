@@ -29,8 +29,12 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 100)
 PAUSE_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0,
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05,
+    0.1, 0.25, 1.0,
 )
+"""Idle gaps and collector pauses are read against 1 and 2 ms: the buckets around them are
+close enough that a quantile interpolated inside one says how far off it is (with (2, 5]
+a 2.1 ms pause read as a P99 of 4.97 ms)."""
 
 
 @dataclass(frozen=True, slots=True)

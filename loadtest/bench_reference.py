@@ -159,7 +159,8 @@ def measure_plain(a: argparse.Namespace, scenario: str, rps: float, workers: int
 def measure_batchgate(a: argparse.Namespace, scenario: str, rps: float, workers: int,
                       run: int) -> Row:
     args = ["--keys", str(a.keys), "--batch-latency-ms", "0", *a.server_arg]
-    env = {"PYTHONPATH": os.pathsep.join([str(a.bench_dir), str(a.root)])}
+    paths = [str(a.bench_dir), str(a.root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {"PYTHONPATH": os.pathsep.join(paths)}  # the caller's too: hooks, profilers
     with running_server(workers, "batchfn:batchstring_blocking", args, env=env,
                         cwd=a.root) as srv:
         url = srv.url + "/v1/batchstring"
