@@ -33,12 +33,12 @@ import math
 import pickle
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from api.auth import Principal
 from api.door import Answered, Door, Job, Outcome, Rendered
 from api.errors import error_body
-from api.requests import QUIET, ClientWatch, Collation
+from api.requests import ClientWatch, Collation, Deadlines
 from batcher import Item, RateMeter, Tier
 from gpu_pool import WorkerInfo
 
@@ -152,23 +152,15 @@ class _Framed(asyncio.Protocol):
 class _LinkJob(Collation):
     """A gateway's job without an Idempotency-Key, from admission to its answer."""
 
-    __slots__ = ("conn", "items", "job", "rid", "slot")
+    __slots__ = ("conn", "items", "job", "rid")
 
     def __init__(self, conn: _GatewayConnection, rid: int, job: Job) -> None:
         super().__init__(len(job.texts))
         self.conn, self.rid, self.job = conn, rid, job
         self.items: list[Item] = []
-        self.slot = -1
 
     def ended(self) -> None:
         self.conn.ended(self)
-
-
-class _Slot(NamedTuple):
-    """The jobs whose deadlines fall due in one `DEADLINE_SLOT_S` slot, and its timer."""
-
-    jobs: dict[int, _LinkJob]
-    timer: asyncio.TimerHandle
 
 
 class _GatewayConnection(_Framed):
@@ -181,7 +173,7 @@ class _GatewayConnection(_Framed):
         self._starting: set[int] = set()  # keyed jobs not yet waiting (or never: replays)
         self._gone: set[int] = set()  # of those, the ones whose client already left
         self._ended: list[_LinkJob] = []  # to conclude at the end of this loop turn
-        self._slots: dict[int, _Slot] = {}  # deadline slot -> its jobs and timer
+        self._deadlines = Deadlines(DEADLINE_SLOT_S)
         self._principals: dict[tuple[int, str, str | None], Principal] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -228,29 +220,7 @@ class _GatewayConnection(_Framed):
                 continue
             run.items = result
             self._live[run.rid] = run
-            slot = math.ceil((now + run.job.timeout) / DEADLINE_SLOT_S)
-            due = self._slots.get(slot)
-            if due is None:
-                timer = self._loop.call_at(slot * DEADLINE_SLOT_S, self._expire, slot,
-                                           context=QUIET)
-                due = self._slots[slot] = _Slot({}, timer)
-            due.jobs[run.rid] = run
-            run.slot = slot
-
-    def _expire(self, slot: int) -> None:
-        due = self._slots.pop(slot, None)
-        if due is not None:
-            for run in due.jobs.values():
-                run.expire()
-
-    def _unslot(self, run: _LinkJob) -> None:
-        """`run` is answered: once its slot holds no job, its timer goes too. Left to
-        fire, every slot's dict and timer lived as long as the jobs' timeout: in the link
-        benchmark (60 s) about 6,400 slots, 32,000 objects that each collection walked."""
-        due = self._slots.get(run.slot)
-        if due is not None and due.jobs.pop(run.rid, None) is not None and not due.jobs:
-            del self._slots[run.slot]
-            due.timer.cancel()
+            self._deadlines.add(run, run.job.timeout, now)
 
     def _cancel(self, rid: int) -> None:
         collation = self._live.pop(rid, None)
@@ -268,7 +238,7 @@ class _GatewayConnection(_Framed):
 
     def _conclude(self) -> None:
         runs, self._ended = self._ended, []
-        live, unslot, conclude = self._live, self._unslot, self._door.conclude
+        live, unslot, conclude = self._live, self._deadlines.discard, self._door.conclude
         now = self._door.service.clock.now()
         answers: list[tuple[Any, ...]] = []
         for run in runs:
@@ -315,9 +285,7 @@ class _GatewayConnection(_Framed):
         live, self._live = self._live, {}
         for collation in live.values():
             collation.leave()
-        for due in self._slots.values():
-            due.timer.cancel()
-        self._slots.clear()
+        self._deadlines.clear()
 
 
 class LinkServer:

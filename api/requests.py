@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 from starlette.types import Message, Receive
@@ -104,7 +105,8 @@ class Collation:
     core process about as much CPU as the dispatch itself.
     """
 
-    __slots__ = ("client_left", "error", "finished", "outputs", "remaining", "timed_out")
+    __slots__ = ("client_left", "error", "finished", "outputs", "remaining", "slot",
+                 "timed_out")
 
     def __init__(self, n: int) -> None:
         self.outputs: list[str] = [""] * n
@@ -113,6 +115,7 @@ class Collation:
         self.client_left = False
         self.timed_out = False
         self.finished = False
+        self.slot = -1  # its deadline's slot in `Deadlines`, if it has one there
 
     def item_done(self, item: Item, result: str | BaseException) -> None:
         if self.finished:
@@ -145,6 +148,58 @@ class Collation:
     def ended(self) -> None:
         """Called once, when the request is answered, failed, left or out of time."""
         raise NotImplementedError
+
+
+class _Slot(NamedTuple):
+    collations: dict[int, Collation]  # by id()
+    timer: asyncio.TimerHandle
+
+
+class Deadlines:
+    """Collations that expire when their deadline passes, grouped in `slot_s` slots with one
+    timer per slot: a timer of its own costs each request three objects for the collector
+    to walk (the handle, uvloop's timer, the bound method) and a start and stop in the
+    loop's timer heap. A deadline falls due at most `slot_s` late."""
+
+    def __init__(self, slot_s: float = 0.01) -> None:
+        self.slot_s = slot_s
+        self._slots: dict[int, _Slot] = {}
+
+    def add(self, collation: Collation, seconds: float, now: float) -> None:
+        """`collation.expire()` in `seconds` from `now` (the loop's clock)."""
+        slot = math.ceil((now + seconds) / self.slot_s)
+        due = self._slots.get(slot)
+        if due is None:
+            timer = asyncio.get_running_loop().call_at(
+                slot * self.slot_s, self._expire, slot, context=QUIET)
+            due = self._slots[slot] = _Slot({}, timer)
+        due.collations[id(collation)] = collation
+        collation.slot = slot
+
+    def discard(self, collation: Collation) -> None:
+        """`collation` ended: once its slot holds no other, the slot's timer goes too. Left
+        to fire, every slot lived as long as the timeout (60 s in the link benchmark: about
+        6,400 slots, 32,000 objects that each collection walked)."""
+        due = self._slots.get(collation.slot)
+        if due is not None and due.collations.pop(id(collation), None) is not None \
+                and not due.collations:
+            del self._slots[collation.slot]
+            due.timer.cancel()
+
+    def clear(self) -> None:
+        for due in self._slots.values():
+            due.timer.cancel()
+        self._slots.clear()
+
+    def __len__(self) -> int:
+        """Slots armed."""
+        return len(self._slots)
+
+    def _expire(self, slot: int) -> None:
+        due = self._slots.pop(slot, None)
+        if due is not None:
+            for collation in list(due.collations.values()):
+                collation.expire()
 
 
 class ClientWatch(Protocol):
@@ -220,5 +275,6 @@ class PendingRequest(Collation):
                 client.unwatch()
 
 
-__all__ = ["CONNECTION", "MIN_TIMEOUT_MS", "QUIET", "ClientWatch", "Collation", "Limits",
+__all__ = ["CONNECTION", "MIN_TIMEOUT_MS", "QUIET", "ClientWatch", "Collation", "Deadlines",
+           "Limits",
            "ParsedRequest", "PendingRequest", "ReceiveWatch", "parse_body", "parse_timeout"]
