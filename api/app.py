@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import NamedTuple
 
 import anyio
 from anyio.abc import TaskStatus
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp
 
 from api.access_log import with_access_log
 from api.auth import KeyRing, load_keys
+from api.direct import DirectRoute
 from api.door import Door
 from api.errors import error_response
 from api.fastpath import with_fast_path
@@ -35,17 +37,23 @@ log = logging.getLogger("batchgate.app")
 
 def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> ASGIApp:
     """Build the app; the workers start (and are waited for) in the lifespan."""
-    return build(settings, keys, gpus)[0]
+    return build(settings, keys, gpus).app
 
 
-def build(
-    settings: Settings, keys: KeyRing | None = None, gpus: int = 0
-) -> tuple[ASGIApp, Service]:
-    """The app and the service it serves (the server tells the service when it is leaving)."""
+class Built(NamedTuple):
+    app: ASGIApp
+    service: Service  # the server tells it when it is leaving
+    direct: DirectRoute | None  # for the HTTP protocol: the hot route without ASGI
+
+
+def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> Built:
+    """The app, the service it serves, and the hot route's direct way (none while the
+    access log, an ASGI middleware, is on)."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
     service = Service(settings, metrics, keys.tiers, gpus=gpus)
-    routes = Routes(Door(service, metrics), settings, keys, metrics)
+    door = Door(service, metrics)
+    routes = Routes(door, settings, keys, metrics)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -66,8 +74,8 @@ def build(
 
     app = http_app(routes, lifespan)
     if settings.access_log == "json":
-        app = with_access_log(app, lambda: routes.keys)
-    return app, service
+        return Built(with_access_log(app, lambda: routes.keys), service, None)
+    return Built(app, service, DirectRoute(routes, door))
 
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
@@ -165,4 +173,4 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal", "internal error")
 
 
-__all__ = ["create_app", "http_app", "settle_heap"]
+__all__ = ["Built", "build", "create_app", "http_app", "settle_heap"]

@@ -105,13 +105,13 @@ def serve(args: argparse.Namespace) -> int:
         from api.cell import serve_cell
 
         return serve_cell(settings, gpus)
-    app, service = build(settings, gpus=gpus)
+    built = build(settings, gpus=gpus)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level,
+        built.app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
-        http=guarded_protocol(settings.connection_limits),
+        http=guarded_protocol(settings.connection_limits, built.direct),
     )
-    DrainingServer(config, settings.drain_delay_s, service.leave).run()
+    DrainingServer(config, settings.drain_delay_s, built.service.leave).run()
     return 0
 
 

@@ -1,9 +1,10 @@
 """The core's door: what every request needs decided in one place, and the wait for its items.
 
 Rate limits, idempotency and admission are global decisions, so they are made where the
-dispatch core runs: in the single process the routes call `Door.run` directly; in a cell
-(`--gateways K`) each gateway sends its jobs over the link and the core process runs them
-here. A gateway does only what needs no shared state: HTTP, JSON, keys, validation.
+dispatch core runs: in the single process the routes call `Door.run` directly (the direct
+way, `api.direct`, calls `submit_all` and `conclude`); in a cell (`--gateways K`) each
+gateway sends its jobs over the link and the core process runs them here. A gateway does
+only what needs no shared state: HTTP, JSON, keys, validation.
 """
 
 from __future__ import annotations
@@ -101,14 +102,14 @@ class Door:
     def submit_all(
         self, jobs: Sequence[Job], collations: Sequence[Collation]
     ) -> list[list[Item] | Rendered]:
-        """`run` without a task, for a gateway's jobs without an Idempotency-Key (a keyed
-        one may wait on its leader: it takes `run`): each job's items, queued to answer its
-        collation, or its refusal. The caller then waits for each collation to end and asks
-        `conclude`. One reading of the clock and of each tier's pressure serves the whole
-        frame of jobs: the rate limits tighten by a factor that moves by a few items per
-        frame. A run of one caller's jobs takes its tokens at once, and the core admits a
-        run of one tier at once; each job is still refused exactly as it would be alone,
-        after the jobs before it."""
+        """`run` without a task, for jobs without an Idempotency-Key (a keyed one may wait
+        on its leader: it takes `run`), a gateway's frame or a direct call: each job's
+        items, queued to answer its collation, or its refusal. The caller then waits for
+        each collation to end and asks `conclude`. One reading of the clock and of each
+        tier's pressure serves the whole frame of jobs: the rate limits tighten by a factor
+        that moves by a few items per frame. A run of one caller's jobs takes its tokens at
+        once, and the core admits a run of one tier at once; each job is still refused
+        exactly as it would be alone, after the jobs before it."""
         service, limiter = self.service, self.rate_limiter
         now = service.clock.now()
         factors: dict[Tier, float] = {}

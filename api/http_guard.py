@@ -19,6 +19,8 @@ Each refusal is a JSON error with `Connection: close`, written by the protocol i
 It also hands each request its connection in the scope (`api.requests.CONNECTION`): a
 handler awaiting an answer hears from the connection itself that the client hung up, with
 no task waiting on `receive()` for it.
+
+Given a `DirectRoute`, it serves the hot route's plain requests itself (`api.direct`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from api.direct import DirectCall, DirectRoute
 from api.errors import error_body
 from api.requests import CONNECTION
 
@@ -55,11 +58,18 @@ class _HeadersTooLarge(Exception):
     """Raised from a parser callback to stop parsing; the 431 is already written."""
 
 
-def guarded_protocol(limits: ConnectionLimits) -> type[HttpToolsProtocol]:
-    """uvicorn's `http=` protocol class holding every connection to `limits`."""
+HOT_URL = b"/v1/batchstring"
+
+
+def guarded_protocol(
+    limits: ConnectionLimits, direct: DirectRoute | None = None
+) -> type[HttpToolsProtocol]:
+    """uvicorn's `http=` protocol class holding every connection to `limits`, and serving
+    the hot route's plain requests through `direct` if given."""
 
     class Guarded(GuardedHttpProtocol):
         LIMITS = limits
+        DIRECT = direct
 
     return Guarded
 
@@ -95,6 +105,7 @@ class Departure:
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     LIMITS = ConnectionLimits()
+    DIRECT: DirectRoute | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -122,6 +133,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
         self._departure.lost()
+        call: object = self.cycle
+        if type(call) is DirectCall:
+            # A direct call refers to its connection: left in place, the pair (and the
+            # transport, parser and buffers they hold) would wait for the collector, ~25
+            # objects per closed connection. A call still in the core keeps what it needs.
+            self.cycle = None  # type: ignore[assignment]  # as before the first request
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -158,14 +175,44 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._too_large(f"the request head is over {limits.max_header_bytes} bytes")
             raise _HeadersTooLarge
         self._in_head, self._head_bytes = False, 0
+        direct = self.DIRECT
+        if direct is not None and self.url == HOT_URL \
+                and (self.cycle is None or self.cycle.response_complete) \
+                and self.parser.get_method() == b"POST" \
+                and self.parser.get_http_version() == "1.1":  # not pipelined behind another
+            call = direct.call(self, self.headers, self.parser.should_keep_alive())
+            if call is not None:
+                self.cycle = call  # type: ignore[assignment]  # stands in for the cycle
+                return
         super().on_headers_complete()
         # The request's own scope, not yet seen by its task; a key of batchgate's own.
         cast("dict[str, Any]", self.scope)[CONNECTION] = self._departure
 
+    def on_body(self, body: bytes) -> None:
+        call: object = self.cycle
+        if type(call) is not DirectCall:
+            super().on_body(body)
+        elif not call.response_complete:  # within the declared length, itself in the limit
+            call.body += body
+
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_head = True
-        super().on_message_complete()
+        call: object = self.cycle
+        if type(call) is not DirectCall:
+            super().on_message_complete()
+        elif not call.response_complete:
+            call.more_body = False
+            call.route.start(call)
+
+    # -- what a direct call needs of its connection ---------------------------------------
+    @property
+    def departure(self) -> Departure:
+        return self._departure
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.server_state.default_headers
 
     # -- timers ------------------------------------------------------------------------------
     def _arm(self, seconds: float, callback: Any) -> None:
@@ -230,4 +277,5 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             transport.close()
 
 
-__all__ = ["ConnectionLimits", "Departure", "GuardedHttpProtocol", "guarded_protocol"]
+__all__ = ["HOT_URL", "ConnectionLimits", "Departure", "GuardedHttpProtocol",
+           "guarded_protocol"]

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -79,17 +80,14 @@ class Routes:
                 waits = outcome.waits
                 # for the access log, if it is on
                 request.scope["batchgate"] = (outcome.batch_ids, outcome.attempts)
-            response = _render(outcome, job.single)
+            response = render(outcome, job.single)
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
             response = error_response(err.status, err.code, err.message, err.headers)
         elapsed = time.perf_counter() - started
         if not isinstance(response, JsonAnswer):  # errors and replays: the total only
             response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
-        # Counted once every answer woken with this one is written: a batch's hundred
-        # answers wake together, and each one's bookkeeping would delay the next.
-        asyncio.get_running_loop().call_soon(
-            self._record, tier, response.status_code, elapsed, waits, context=QUIET)
+        self.record_later(tier, response.status_code, elapsed, waits)
         return response
 
     def _record(self, tier: str, status: int, elapsed: float,
@@ -99,27 +97,44 @@ class Routes:
             self.metrics.queue_waited(tier, waits)
 
     async def _job(self, request: HttpCall, principal: Principal) -> Job:
-        key = request.headers.get("idempotency-key")
+        key = self.check_head(principal, request.headers)
+        body = await _read_body(request, self.limits.max_body_bytes)
+        return self.job_of(principal, request.headers, body, key)
+
+    def check_head(self, principal: Principal, headers: Mapping[str, str]) -> str | None:
+        """What the headers alone decide; returns the Idempotency-Key, if any."""
+        key = headers.get("idempotency-key")
         if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
             raise ApiError(400, "invalid_idempotency_key",
                            f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
         if key is not None and principal.key is None:  # anonymous callers share no scope
             raise ApiError(400, "idempotency_needs_key",
                            "Idempotency-Key needs an API key: answers are kept per account")
-        kind = request.headers.get("content-type")
+        kind = headers.get("content-type")
         if kind is not None and kind.partition(";")[0].strip().lower() != JSON:
             # text/plain and forms are what a web page may post cross-site without a
             # preflight. No header at all is taken as JSON (curl -d sends a form type).
             raise ApiError(415, "unsupported_media_type", "the body must be application/json")
-        body = await _read_body(request, self.limits.max_body_bytes)
+        return key
+
+    def job_of(self, principal: Principal, headers: Mapping[str, str], body: bytes,
+               key: str | None) -> Job:
+        """The job of a request whose head passed `check_head` and whose body is read."""
         parsed = parse_body(body, self.limits)
         timeout = parse_timeout(
-            request.headers.get("x-request-timeout-ms"),
+            headers.get("x-request-timeout-ms"),
             self.keys.tiers[principal.tier].timeout_ms / 1000,
             self.settings.max_request_timeout_ms / 1000,
         )
         idempotency = None if key is None else (key, hashlib.sha256(body).digest())
         return Job(principal, parsed.texts, parsed.single, timeout, idempotency)
+
+    def record_later(self, tier: str, status: int, elapsed: float,
+                     waits: tuple[float, ...]) -> None:
+        """Counted once every answer woken with this one is written: a batch's hundred
+        answers wake together, and each one's bookkeeping would delay the next."""
+        asyncio.get_running_loop().call_soon(
+            self._record, tier, status, elapsed, waits, context=QUIET)
 
     async def healthz(self, request: Request) -> Response:
         body: dict[str, object] = {"status": "ok"}
@@ -143,7 +158,7 @@ class Routes:
         return Response(orjson.dumps(body), media_type=JSON)
 
 
-def _render(outcome: Outcome, single: bool) -> Response:
+def render(outcome: Outcome, single: bool) -> Response:
     if isinstance(outcome, Answered):
         timing = f"queue;dur={outcome.queue * 1000:.1f}, batch;dur={outcome.batch * 1000:.1f}"
         return JsonAnswer(answer_body(outcome.outputs, single), timing)
@@ -165,4 +180,4 @@ async def _read_body(request: HttpCall, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-__all__ = ["Routes"]
+__all__ = ["CoreView", "Routes", "render"]

@@ -3,17 +3,13 @@ under the real uvicorn server with batchgate's protocol, from `receive()` under 
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import anyio
 import pytest
-import uvicorn
 from starlette.types import Message, Receive, Scope, Send
 
-from api.http_guard import ConnectionLimits, Departure, guarded_protocol
+from api.http_guard import Departure
 from api.requests import CONNECTION, PendingRequest, ReceiveWatch
+from tests.api.serving import serving
 
 pytestmark = pytest.mark.anyio
 REQUEST = b"POST /wait HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"
@@ -61,22 +57,6 @@ class Waiting:
         await gone.wait()
         self.left.append(scope["path"])
         self.heard.set()
-
-
-@asynccontextmanager
-async def serving(app: Waiting) -> AsyncIterator[int]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()  # connections wait in the backlog until uvicorn accepts them
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=1,
-                            http=guarded_protocol(ConnectionLimits()))
-    server = uvicorn.Server(config)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        try:
-            yield sock.getsockname()[1]
-        finally:
-            server.should_exit = True
 
 
 @pytest.fixture

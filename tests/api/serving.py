@@ -1,0 +1,30 @@
+"""A real uvicorn server with batchgate's HTTP protocol, on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import uvicorn
+from starlette.types import ASGIApp
+
+from api.direct import DirectRoute
+from api.http_guard import ConnectionLimits, guarded_protocol
+
+
+@asynccontextmanager
+async def serving(app: ASGIApp, direct: DirectRoute | None = None) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # connections wait in the backlog until uvicorn accepts them
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=1,
+                            http=guarded_protocol(ConnectionLimits(), direct))
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        try:
+            yield sock.getsockname()[1]
+        finally:
+            server.should_exit = True
