@@ -140,17 +140,20 @@ async def supervised(
         die(EXIT_CORE_FAILED)
 
 
-GC_THRESHOLDS = (5_000, 10, 100)
+GC_THRESHOLDS = (2_500, 100, 10)
 """The collector's thresholds once serving. Request handling makes no cyclic garbage
-(checked with `gc.DEBUG_SAVEALL` under load), so every collection only walks live request
-state, at ~0.5 us an object. The default young threshold (700 net allocations) fired ~20
-times a second at 800 RPS, because answers are freed in bursts of a whole batch (lost
-decrements at the counter's floor) while arrivals allocate smoothly; 5,000 leaves
-collections to real growth. Smaller thresholds trade the two collections a run makes (2-5 ms
-each, when the load's connections open) for many shorter ones, and cost the median: at 800
-RPS on one worker, four runs each beside the plain batcher, (500, 1000, 100) paused 1.0-1.8
-ms at P99 over ~800 collections but trailed it by 1.0-6.1 ms at P50 (5,000: 0.6-3.0 ms);
-(2000, 1000, 100) paused 4.9-7.8 ms at P99 over ~130."""
+(checked with `gc.DEBUG_SAVEALL` under load) and closed connections are freed as they close,
+so a collection only walks live state, at 0.3-0.4 us an object on these cores: the
+connections that opened since the last one (about 20 objects each) and the requests in flight
+(about 15 each on the direct way, `api.direct`). Young: the default (700 net allocations)
+fired ~20 times a second at 800 RPS, because answers are freed in bursts of a whole batch
+(decrements lost at the counter's floor) while arrivals allocate smoothly; 2,500 leaves
+collections to real growth, and splits the growth of a load's arrival (its ~170 connections
+and 160 requests at 800 RPS) into two collections of 0.6-0.8 ms where 5,000 made one of
+1.4-2.1 ms (three runs each). Older: a collection of generation 1 walks everything that
+survived a young one, the open connections and the requests in flight, 3-5 ms under load;
+at 100 young collections apiece it comes every few minutes. Full collections (of what is not
+frozen) as before, every 1,000 young ones."""
 
 
 def settle_heap() -> None:
