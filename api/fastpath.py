@@ -104,4 +104,4 @@ def with_fast_path(app: ASGIApp, handler: Callable[[HttpCall], Awaitable[Respons
     return asgi
 
 
-__all__ = ["HttpCall", "JsonAnswer", "RawCall", "header_map", "with_fast_path"]
+__all__ = ["HOT_PATH", "HttpCall", "JsonAnswer", "RawCall", "header_map", "with_fast_path"]

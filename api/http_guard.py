@@ -35,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.direct import DirectCall, DirectRoute
 from api.errors import error_body
+from api.fastpath import HOT_PATH
 from api.requests import CONNECTION
 
 log = logging.getLogger("batchgate.http")
@@ -58,7 +59,7 @@ class _HeadersTooLarge(Exception):
     """Raised from a parser callback to stop parsing; the 431 is already written."""
 
 
-HOT_URL = b"/v1/batchstring"
+HOT_URL = HOT_PATH.encode()  # as the request line carries it: no query string
 
 
 def guarded_protocol(
@@ -179,7 +180,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if direct is not None and self.url == HOT_URL \
                 and (self.cycle is None or self.cycle.response_complete) \
                 and self.parser.get_method() == b"POST" \
-                and self.parser.get_http_version() == "1.1":  # not pipelined behind another
+                and self.parser.get_http_version() == "1.1":
+            # Not pipelined behind an unanswered request: that one may take ASGI's way,
+            # and uvicorn queues what comes after it.
             call = direct.call(self, self.headers, self.parser.should_keep_alive())
             if call is not None:
                 self.cycle = call  # type: ignore[assignment]  # stands in for the cycle
