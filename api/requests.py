@@ -276,5 +276,5 @@ class PendingRequest(Collation):
 
 
 __all__ = ["CONNECTION", "MIN_TIMEOUT_MS", "QUIET", "ClientWatch", "Collation", "Deadlines",
-           "Limits",
-           "ParsedRequest", "PendingRequest", "ReceiveWatch", "parse_body", "parse_timeout"]
+           "Limits", "ParsedRequest", "PendingRequest", "ReceiveWatch", "parse_body",
+           "parse_timeout"]
