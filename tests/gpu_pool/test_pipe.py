@@ -10,7 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from gpu_pool.pipe import FrameReader, PipeEnd, frame
+from gpu_pool.pipe import READ_CHUNK, FrameReader, PipeEnd, frame
 
 pytestmark = pytest.mark.anyio
 BIG = [f"{i:04d}" + "x" * 10_000 for i in range(500)]  # 5 MB: many times the buffer
@@ -64,6 +64,22 @@ async def test_a_long_reply_is_read_in_pieces_and_eof_is_reported() -> None:
             await anyio.lowlevel.checkpoint()
     writing.join()
     assert got == [BIG]
+    ours.close()
+
+
+def test_a_reply_longer_than_one_read_arrives_in_one_call() -> None:
+    ours, theirs = multiprocessing.Pipe()
+    end = PipeEnd(ours.fileno(), lambda: None)
+    reply = "y" * (READ_CHUNK + READ_CHUNK // 4)  # more than one read, less than the buffer
+    writing = threading.Thread(target=lambda: theirs.send(reply))
+    writing.start()
+    writing.join(10)
+    assert not writing.is_alive()  # all of it is in the socket's buffer now
+    assert end.read() == [reply]
+    assert end.read() == []  # nothing more, and not mistaken for the end
+    theirs.close()
+    with pytest.raises(EOFError):
+        end.read()
     ours.close()
 
 
