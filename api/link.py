@@ -35,9 +35,11 @@ import struct
 from collections.abc import Callable
 from typing import Any, cast
 
+from starlette.requests import ClientDisconnect
+
 from api.auth import Principal
 from api.door import Answered, Door, Job, Outcome, Rendered
-from api.errors import error_body
+from api.errors import error_body, to_api_error
 from api.requests import ClientWatch, Collation, Deadlines
 from batcher import Item, RateMeter, Tier
 from gpu_pool import WorkerInfo
@@ -364,8 +366,11 @@ class RemoteCore:
         conn.send(run_message(rid, job))
 
         def left() -> None:
+            # The core withdraws the job and answers nothing for it: end the call here.
             if not future.done():
+                conn.waiting.pop(rid, None)
                 conn.send(("cancel", rid))
+                future.set_result(_client_closed())
 
         client.watch(left)
         try:
@@ -403,6 +408,12 @@ class RemoteCore:
     async def metrics_text(self) -> bytes:
         result: bytes = await self._call("metrics_text")
         return result
+
+
+def _client_closed() -> Rendered:
+    """What `Door.run` returns for a client that left (the routes count it, write nothing)."""
+    err = to_api_error(ClientDisconnect())
+    return Rendered(err.status, error_body(err.code, err.message), ())
 
 
 def _unavailable() -> Rendered:

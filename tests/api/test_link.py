@@ -19,7 +19,14 @@ import pytest
 
 from api.auth import Principal
 from api.door import Answered, Door, Job, Rendered
-from api.link import CoreLost, LinkServer, _CoreConnection, _GatewayConnection, run_message
+from api.link import (
+    CoreLost,
+    LinkServer,
+    RemoteCore,
+    _CoreConnection,
+    _GatewayConnection,
+    run_message,
+)
 from api.metrics import Metrics
 from api.service import Service
 from api.settings import Settings
@@ -241,3 +248,42 @@ async def test_an_answered_jobs_deadline_timer_goes_with_it(
         assert len(conn._deadlines), "a waiting job's deadline is armed"
         await until(lambda: len(sent.frames) >= 1 and not conn._live)  # both answered
         assert not len(conn._deadlines)
+
+
+class HangUp:
+    """A client the test hangs up (`ClientWatch`)."""
+
+    def __init__(self) -> None:
+        self.leave: Callable[[], object] | None = None
+
+    def watch(self, leave: Callable[[], object]) -> None:
+        self.leave = leave
+
+    def unwatch(self) -> None:
+        self.leave = None
+
+
+async def test_a_gateway_s_job_whose_client_leaves_ends_499_at_once_and_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core answers nothing for a job withdrawn because its client left: the gateway's
+    own call must end when the client goes, not wait for an answer that never comes."""
+    async with core(tmp_path, monkeypatch, tiers()) as (service, ran, path):
+        remote = RemoteCore(path, lambda: None)
+        await remote.connect()
+        first = asyncio.ensure_future(remote.run(Job(WHO, ["first"], True, 60.0), HangUp()))
+        await until(lambda: service.core.statistics().table.busy == 1)  # "first" runs
+        client = HangUp()
+        left = asyncio.ensure_future(remote.run(Job(WHO, ["left"], True, 60.0), client))
+        await until(lambda: service.core.statistics().batcher.pending == 1)
+        assert client.leave is not None
+        client.leave()
+        with anyio.fail_after(5):
+            outcome = await left
+        assert isinstance(outcome, Rendered) and outcome.status == 499
+        assert b"client_closed" in outcome.body
+        await until(lambda: service.core.statistics().batcher.pending == 0)  # withdrawn
+        with anyio.fail_after(30):
+            assert (await first).outputs == ["tsrif"]
+        assert ran.read_text().split() == ["first"]
+        assert remote._conn is not None and not remote._conn.waiting

@@ -1,5 +1,6 @@
-"""What the end-to-end tests share: concurrent clients, polling the server's workers, and a
-keys file whose paid budget never refuses (for tests about faults, not about admission)."""
+"""What the end-to-end tests share: concurrent clients, polling the server's workers and
+metrics, and a keys file whose paid budget never refuses (for tests about faults, not about
+admission)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import anyio
 import httpx
+
+from loadtest.server import fetch_metrics, metric
 
 PAID = {"Authorization": "Bearer paid-demo-key"}
 EXAMPLE_KEYS = Path(__file__).parents[2] / "examples" / "keys.toml"
@@ -39,6 +42,14 @@ async def workers_in_state(url: str, state: str, n: int) -> list[int]:
                 if len(pids) >= n:
                     return pids
                 await anyio.sleep(0.01)  # another process: poll it
+
+
+async def metric_reaches(url: str, value: float, name: str, **labels: str) -> None:
+    """Wait until the server's sample `name` (with `labels`) reaches `value`. Polls the other
+    process: what a request leaves behind it is counted after its answer is written."""
+    with anyio.fail_after(30):
+        while metric(fetch_metrics(url), name, **labels) < value:  # noqa: ASYNC110
+            await anyio.sleep(0.01)  # another process: poll it
 
 
 def patient_keys(tmp_path: Path) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from api.client import AsyncClient, RetryPolicy
 from loadtest.server import fetch_metrics, metric, running_server
-from tests.e2e.helpers import patient_keys, post_many, workers_in_state
+from tests.e2e.helpers import metric_reaches, patient_keys, post_many, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
@@ -43,6 +43,8 @@ async def test_expired_and_abandoned_requests_never_reach_a_worker(tmp_path: Pat
         assert expired.status_code == 504
         assert expired.json()["error"]["code"] == "deadline_exceeded"
         assert first[0].json()["output"] == "tsrif"
+        # The hung-up request is over too (a gateway once waited for it forever): counted.
+        await metric_reaches(srv.url, 1, "batchgate_requests_total", tier="paid", code="499")
         async with AsyncClient(srv.url, "paid-demo-key") as client:
             assert await client.batchstring(["after"]) == ["retfa"]
         m = fetch_metrics(srv.url)
