@@ -24,6 +24,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     """Entry point of a gateway process."""
     import uvicorn
 
+    from api.access_log import with_access_log
     from api.app import http_app, on_sighup, settle_heap
     from api.auth import load_keys
     from api.http_guard import guarded_protocol
@@ -63,6 +64,8 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
             unwatch()
 
     app = http_app(routes, lifespan)
+    if settings.access_log == "json":  # each gateway logs the requests it serves
+        app = with_access_log(app, lambda: routes.keys)
     config = uvicorn.Config(
         app, log_level=settings.log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=30, proxy_headers=False,

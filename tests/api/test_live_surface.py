@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 
 from api.client import Client
 from loadtest.server import RunningServer, running_server
+from tests.e2e.helpers import logged
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
@@ -95,17 +95,6 @@ def test_every_metric_the_dashboard_queries_is_exported(live: RunningServer) -> 
     wanted = {name for e in exprs for name in re.findall(r"\bbatchgate_[a-z0-9_]+", e)}
     assert len(wanted) >= 15
     assert wanted - exported(httpx.get(live.url + "/metrics").text) == set()
-
-
-def logged(srv: RunningServer, rid: str) -> dict[str, object]:
-    """The access-log line of answer `rid`; it is written just after the answer is sent, so
-    the log is polled for it, bounded."""
-    for _ in range(500):
-        for line in srv.log_path.read_text().splitlines():
-            if line.startswith('{"time"') and f'"id":"{rid}"' in line:
-                return dict(json.loads(line))
-        time.sleep(0.01)
-    raise AssertionError(f"no access-log line for {rid}")
 
 
 def test_the_access_log_has_a_line_per_request_and_no_inputs(live: RunningServer) -> None:

@@ -1,15 +1,17 @@
-"""What the end-to-end tests share: concurrent clients, polling the server's workers and
-metrics, and a keys file whose paid budget never refuses (for tests about faults, not about
-admission)."""
+"""What the end-to-end tests share: concurrent clients, polling the server's workers,
+metrics and access log, and a keys file whose paid budget never refuses (for tests about
+faults, not about admission)."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import anyio
 import httpx
 
-from loadtest.server import fetch_metrics, metric
+from loadtest.server import RunningServer, fetch_metrics, metric
 
 PAID = {"Authorization": "Bearer paid-demo-key"}
 EXAMPLE_KEYS = Path(__file__).parents[2] / "examples" / "keys.toml"
@@ -50,6 +52,17 @@ async def metric_reaches(url: str, value: float, name: str, **labels: str) -> No
     with anyio.fail_after(30):
         while metric(fetch_metrics(url), name, **labels) < value:  # noqa: ASYNC110
             await anyio.sleep(0.01)  # another process: poll it
+
+
+def logged(srv: RunningServer, rid: str) -> dict[str, object]:
+    """The access-log line of answer `rid`; it is written just after the answer is sent, so
+    the log is polled for it, bounded."""
+    for _ in range(500):
+        for line in srv.log_path.read_text().splitlines():
+            if line.startswith('{"time"') and f'"id":"{rid}"' in line:
+                return dict(json.loads(line))
+        time.sleep(0.01)
+    raise AssertionError(f"no access-log line for {rid}")
 
 
 def patient_keys(tmp_path: Path) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 from api.auth import hash_key
 from api.client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
-from tests.e2e.helpers import post_many
+from tests.e2e.helpers import logged, post_many
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
@@ -44,6 +44,15 @@ async def test_a_request_at_the_size_limits_is_answered_whole(shared_server: str
     assert answer.json()["outputs"] == [t[::-1] for t in texts]
     m = fetch_metrics(shared_server)
     assert metric(m, "batchgate_worker_crashes_total") == 0
+
+
+def test_the_access_log_has_a_line_for_every_answer() -> None:
+    with running_server(workers=1, args=[*KEYS, "--access-log", "json"]) as srv:
+        ids = [httpx.post(f"{srv.url}/v1/batchstring", json={"input": f"a{i}"}, headers=PAID
+                          ).json()["id"] for i in range(4)]  # over both gateways of a cell
+        lines = [logged(srv, rid) for rid in ids]
+    assert [line["status"] for line in lines] == [200] * 4
+    assert all(line["tier"] == "paid" and line["batch_ids"] for line in lines)
 
 
 async def test_many_inputs_are_collated_in_order() -> None:
