@@ -22,7 +22,7 @@ from starlette.types import ASGIApp
 
 from api.access_log import with_access_log
 from api.auth import KeyRing, load_keys
-from api.direct import DirectRoute
+from api.direct import DirectRoute, LocalRoute
 from api.door import Door
 from api.errors import error_response
 from api.fastpath import with_fast_path
@@ -72,10 +72,8 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> Bui
             unwatch()
         log.info("stopped")
 
-    app = http_app(routes, lifespan)
-    if settings.access_log == "json":
-        return Built(with_access_log(app, lambda: routes.keys), service, None)
-    return Built(app, service, DirectRoute(routes, door))
+    app, direct = served(routes, lifespan, settings, lambda: LocalRoute(routes, door))
+    return Built(app, service, direct)
 
 
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
@@ -96,6 +94,16 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
         lifespan=lifespan,
     )
     return with_fast_path(app, routes.batchstring)
+
+
+def served(routes: Routes, lifespan: Lifespan, settings: Settings,
+           direct: Callable[[], DirectRoute]) -> tuple[ASGIApp, DirectRoute | None]:
+    """The ASGI app and the hot route's direct way beside it, in a single process or a
+    gateway. No direct way while the access log, an ASGI wrapper, is on."""
+    app = http_app(routes, lifespan)
+    if settings.access_log == "json":
+        return with_access_log(app, lambda: routes.keys), None
+    return app, direct()
 
 
 def on_sighup(reload: Callable[[], None]) -> Callable[[], object]:
@@ -176,4 +184,4 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(500, "internal", "internal error")
 
 
-__all__ = ["Built", "build", "create_app", "http_app", "settle_heap"]
+__all__ = ["Built", "build", "create_app", "http_app", "served", "settle_heap"]

@@ -1,7 +1,8 @@
 """One gateway process of a cell: uvicorn on the shared socket, jobs sent to the core.
 
 Spawned by `api/cell.py`. It parses HTTP and JSON, authenticates and validates, and sends
-each job over its link (`api/link.py`); it holds no shared state. When the link closes the
+each job over its link (`api/link.py`); the hot route's plain requests take the direct way
+(`api/direct.py`), as in a single process. It holds no shared state. When the link closes the
 core is gone, and the gateway exits at once: a gateway without its core can only refuse.
 """
 
@@ -24,9 +25,9 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     """Entry point of a gateway process."""
     import uvicorn
 
-    from api.access_log import with_access_log
-    from api.app import http_app, on_sighup, settle_heap
+    from api.app import on_sighup, served, settle_heap
     from api.auth import load_keys
+    from api.direct import RemoteRoute
     from api.http_guard import guarded_protocol
     from api.link import RemoteCore
     from api.metrics import Metrics
@@ -63,13 +64,11 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
             reloading()
             unwatch()
 
-    app = http_app(routes, lifespan)
-    if settings.access_log == "json":  # each gateway logs the requests it serves
-        app = with_access_log(app, lambda: routes.keys)
+    app, direct = served(routes, lifespan, settings, lambda: RemoteRoute(routes, core))
     config = uvicorn.Config(
         app, log_level=settings.log_level, access_log=False, lifespan="on",
         timeout_graceful_shutdown=30, proxy_headers=False,
-        http=guarded_protocol(settings.connection_limits),
+        http=guarded_protocol(settings.connection_limits, direct),
     )
     server = uvicorn.Server(config)
     server.run(sockets=[sock])

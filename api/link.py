@@ -15,12 +15,13 @@ Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts) for an 
 ("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a "call".
 
 `RemoteCore` is the gateway's `CoreView`: the routes call it exactly as they call the
-core's `Door` in a single process. `LinkServer` runs in the core process and serves each
-gateway's jobs through the one `Door`, so priority, batching, admission, rate limits and
-idempotency stay global. It admits each frame's jobs together and waits for them without
-a task, a future or a timer each: a job's `Collation` tells the connection when it ends,
-deadlines fall due in 10 ms slots with one timer per slot, and the answers of a turn are
-concluded together.
+core's `Door` in a single process, and the direct way (`api.direct.RemoteRoute`) submits to
+it and takes each answer as a `Receiver`, with no future or task. `LinkServer` runs in the
+core process and serves each gateway's jobs through the one `Door`, so priority, batching,
+admission, rate limits and idempotency stay global. It admits each frame's jobs together
+and waits for them without a task, a future or a timer each: a job's `Collation` tells the
+connection when it ends, deadlines fall due in 10 ms slots with one timer per slot, and the
+answers of a turn are concluded together.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import math
 import pickle
 import struct
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from starlette.requests import ClientDisconnect
 
@@ -317,23 +318,39 @@ class CoreLost(ConnectionError):
     """The core process went away; the gateway cannot serve without it."""
 
 
+class Receiver(Protocol):
+    """Who takes a job's answer on a gateway without awaiting it (`api.direct`)."""
+
+    def answered(self, outcome: Outcome) -> None: ...
+
+
 class _CoreConnection(_Framed):
     spacing = GATEWAY_FRAME_SPACING_S
     busy_rate = GATEWAY_BUSY_RATE
+
     def __init__(self, lost: Callable[[], None]) -> None:
         super().__init__()
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.receivers: dict[int, Receiver] = {}  # the direct way's jobs, by rid
+        self.waiting: dict[int, asyncio.Future[Any]] = {}  # the rest: awaited answers
         self._lost = lost
 
     def received(self, messages: list[tuple[Any, ...]]) -> None:
-        waiting = self.waiting
+        receivers, waiting = self.receivers, self.waiting
         for message in messages:
-            future = waiting.pop(message[1], None)
+            rid = message[1]
+            receiver = receivers.pop(rid, None)
+            if receiver is not None:
+                receiver.answered(outcome_of(message))
+                continue
+            future = waiting.pop(rid, None)
             if future is not None and not future.done():
                 future.set_result(outcome_of(message))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        receivers, self.receivers = self.receivers, {}
+        for receiver in receivers.values():
+            receiver.answered(unavailable())
         for future in self.waiting.values():
             if not future.done():
                 future.set_exception(CoreLost("the core process is gone"))
@@ -356,10 +373,27 @@ class RemoteCore:
             lambda: _CoreConnection(self._on_lost), self._path
         )
 
+    def submit(self, job: Job, receiver: Receiver) -> int:
+        """Send `job` without awaiting it: `receiver` takes its answer (or a 503 if the
+        core goes first). Its id on the link, for `withdraw`; CoreLost if the core is gone."""
+        conn = self._conn
+        if conn is None or conn.transport is None:
+            raise CoreLost("the core process is gone")
+        rid = next(self._ids)
+        conn.receivers[rid] = receiver
+        conn.send(run_message(rid, job))
+        return rid
+
+    def withdraw(self, rid: int) -> None:
+        """The client of a submitted job left: the core withdraws it and answers nothing."""
+        conn = self._conn
+        if conn is not None and conn.receivers.pop(rid, None) is not None:
+            conn.send(("cancel", rid))
+
     async def run(self, job: Job, client: ClientWatch) -> Outcome:
         conn = self._conn
         if conn is None or conn.transport is None:
-            return _unavailable()
+            return unavailable()
         rid = next(self._ids)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         conn.waiting[rid] = future
@@ -370,13 +404,13 @@ class RemoteCore:
             if not future.done():
                 conn.waiting.pop(rid, None)
                 conn.send(("cancel", rid))
-                future.set_result(_client_closed())
+                future.set_result(client_closed())
 
         client.watch(left)
         try:
             return await future
         except CoreLost:
-            return _unavailable()
+            return unavailable()
         finally:
             client.unwatch()
 
@@ -410,15 +444,16 @@ class RemoteCore:
         return result
 
 
-def _client_closed() -> Rendered:
+def client_closed() -> Rendered:
     """What `Door.run` returns for a client that left (the routes count it, write nothing)."""
     err = to_api_error(ClientDisconnect())
     return Rendered(err.status, error_body(err.code, err.message), ())
 
 
-def _unavailable() -> Rendered:
+def unavailable() -> Rendered:
     return Rendered(503, error_body("no_healthy_worker", "the core process is unavailable"),
                     (("Retry-After", "1"),))
 
 
-__all__ = ["CALLS", "CoreLost", "LinkServer", "RemoteCore", "outcome_of", "run_message"]
+__all__ = ["CALLS", "CoreLost", "LinkServer", "Receiver", "RemoteCore", "client_closed",
+           "outcome_of", "run_message", "unavailable"]

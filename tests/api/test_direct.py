@@ -45,7 +45,7 @@ class Echo(DirectRoute):
     route answers when the core settles the call's items)."""
 
     def __init__(self, fail: bool = False) -> None:
-        super().__init__(cast(Routes, Recorded()), door=None)  # type: ignore[arg-type]
+        super().__init__(cast(Routes, Recorded()))
         self.fail = fail
         self.freed = anyio.Event()  # a connection of a direct call was freed
         self.connections: list[weakref.ref[Any]] = []

@@ -1,5 +1,5 @@
-"""The core's side of the link: a gateway's frames against a real core (its owner task, one
-worker process running a counting model) over a real Unix socket.
+"""The link: a gateway's frames against a real core (its owner task, one worker process
+running a counting model) over a real Unix socket, and a gateway's direct way over it.
 
 The test speaks the protocol as a gateway does, so it controls what shares a frame: every
 message sent during one loop turn leaves as one frame.
@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-from api.auth import Principal
+from api.auth import Principal, load_keys
+from api.direct import RemoteRoute
 from api.door import Answered, Door, Job, Rendered
 from api.link import (
     CoreLost,
@@ -28,10 +32,12 @@ from api.link import (
     run_message,
 )
 from api.metrics import Metrics
+from api.routes import Routes
 from api.service import Service
 from api.settings import Settings
 from api.tiers import DEFAULT_TIERS, TierPolicy
 from batcher import Tier
+from tests.api.serving import serving
 
 pytestmark = pytest.mark.anyio
 BATCH_S = 0.4  # each batch holds the one worker this long
@@ -287,3 +293,104 @@ async def test_a_gateway_s_job_whose_client_leaves_ends_499_at_once_and_never_ru
             assert (await first).outputs == ["tsrif"]
         assert ran.read_text().split() == ["first"]
         assert remote._conn is not None and not remote._conn.waiting
+
+
+# -- the direct way of a gateway: HTTP in, the job over the link, the answer written back --
+EXAMPLE_KEYS = Path(__file__).parents[2] / "examples" / "keys.toml"
+
+
+async def not_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+    """Stands for the app: a request that took ASGI's way gets 418, not its answer."""
+    if scope["type"] == "http":
+        await Response(b"asgi", status_code=418)(scope, receive, send)
+
+
+@asynccontextmanager
+async def gateway_http(path: str) -> AsyncIterator[tuple[int, RemoteCore, Metrics]]:
+    """A gateway's HTTP side in this process: uvicorn with `RemoteRoute` over the link."""
+    remote = RemoteCore(path, lambda: None)
+    await remote.connect()
+    metrics = Metrics()
+    routes = Routes(remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), metrics)
+    async with serving(not_asgi, RemoteRoute(routes, remote)) as port:
+        yield port, remote, metrics
+
+
+async def post_to(port: int, text: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        return await client.post("/v1/batchstring", json={"input": text},
+                                 headers={"Authorization": "Bearer paid-demo-key"})
+
+
+async def test_a_gateway_s_direct_way_answers_each_request_with_its_own_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (_, ran, path), \
+            gateway_http(path) as (port, remote, metrics):
+        texts = [f"direct-{i}" for i in range(6)]
+        async with anyio.create_task_group() as tg:
+            answers: dict[str, httpx.Response] = {}
+
+            async def one(text: str) -> None:
+                answers[text] = await post_to(port, text)
+
+            for text in texts:
+                tg.start_soon(one, text)
+        assert {t: (a.status_code, a.json()["output"]) for t, a in answers.items()} == \
+            {t: (200, t[::-1]) for t in texts}
+        assert all("queue;dur=" in a.headers["server-timing"] for a in answers.values())
+        assert sorted(ran.read_text().split()) == sorted(texts)
+        assert remote._conn is not None and not remote._conn.receivers
+        await until(lambda: metrics.registry.get_sample_value(
+            "batchgate_requests_total", {"tier": "paid", "code": "200"}) == len(texts))
+
+
+async def test_a_gateway_s_direct_call_whose_client_leaves_is_withdrawn_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (service, ran, path), \
+            gateway_http(path) as (port, remote, metrics):
+        async with anyio.create_task_group() as tg:
+            first: list[httpx.Response] = []
+
+            async def occupy() -> None:
+                first.append(await post_to(port, "first"))
+
+            tg.start_soon(occupy)
+            await until(lambda: service.core.statistics().table.busy == 1)  # "first" runs
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+            body = b'{"input": "left"}'
+            await stream.send(b"POST /v1/batchstring HTTP/1.1\r\nHost: t\r\nAuthorization: "
+                              b"Bearer paid-demo-key\r\nContent-Length: %d\r\n\r\n%s"
+                              % (len(body), body))
+            await until(lambda: service.core.statistics().batcher.pending == 1)
+            await stream.aclose()  # hangs up while its job is queued
+            await until(lambda: service.core.statistics().batcher.pending == 0)  # withdrawn
+        assert first[0].json()["output"] == "tsrif"
+        assert ran.read_text().split() == ["first"]
+        assert remote._conn is not None and not remote._conn.receivers
+        await until(lambda: metrics.registry.get_sample_value(
+            "batchgate_requests_total", {"tier": "paid", "code": "499"}) == 1)
+
+
+async def test_a_gateway_s_direct_call_gets_a_503_when_the_core_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with core(tmp_path, monkeypatch, tiers()) as (service, _, path), \
+            gateway_http(path) as (port, remote, _):
+        async with anyio.create_task_group() as tg:
+            answers: list[httpx.Response] = []
+
+            async def one(text: str) -> None:
+                answers.append(await post_to(port, text))
+
+            tg.start_soon(one, "first")
+            await until(lambda: service.core.statistics().table.busy == 1)
+            tg.start_soon(one, "orphan")
+            await until(lambda: service.core.statistics().batcher.pending == 1)
+            assert remote._conn is not None and remote._conn.transport is not None
+            remote._conn.transport.close()  # as when the core process dies
+        assert sorted(a.status_code for a in answers) == [503, 503]
+        assert all(a.json()["error"]["code"] == "no_healthy_worker" for a in answers)
+        after = await post_to(port, "after")  # the link is gone: refused at once
+        assert after.status_code == 503
