@@ -27,14 +27,15 @@ WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
 MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window shrinks
 
 # The front door's CPU, measured on the 2-core machine of README's results (sim workers,
-# one-input requests; `python -m loadtest.bench_http --rates 1600@2 3000@4 --gateways 1 2`);
-# a GPU host's cores are usually faster, so this errs on the safe side.
-GATEWAY_CPU_MS = 0.18  # per request, in a gateway process: HTTP, JSON, keys, its link end
-# Per request in the core process of a cell (door, core, link, pool IPC): 0.057 ms measured
-# at 1,600 RPS, 0.038 at 3,000, and 0.028-0.039 at 10,000 through the link alone
-# (bench_link); it falls with load as the gateways' frames carry more jobs each.
+# one-input requests; `python -m loadtest.bench_http --rates 1600@2 3000@4 --gateways 1 2`,
+# 84b40aa: 0.094-0.123 ms per request in a gateway, 0.098-0.121 in one process), rounded
+# up; a GPU host's cores are usually faster, so this errs on the safe side.
+GATEWAY_CPU_MS = 0.13  # per request, in a gateway process: HTTP, JSON, keys, its link end
+# Per request in the core process of a cell (door, core, link, pool IPC): 0.046-0.057 ms
+# measured at 1,600 RPS, 0.028-0.038 at 3,000, and 0.026-0.035 at 10,000 through the link
+# alone (bench_link); it falls with load as the gateways' frames carry more jobs each.
 CORE_CPU_MS = 0.05
-SINGLE_CPU_MS = 0.19  # per request when one process does it all (--gateways 1)
+SINGLE_CPU_MS = 0.13  # per request when one process does it all (--gateways 1)
 CORE_CPU_MS_PER_ITEM = 0.012  # per further input of a request, in the core
 BUSY = 0.6  # the share of a core each process is planned at, so queues in it stay short
 
