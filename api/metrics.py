@@ -4,6 +4,7 @@ each component's `statistics()` at scrape time (the components hold no metric ob
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -28,6 +29,7 @@ LATENCY_BUCKETS = (
     0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10, 30,
 )
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 100)
+GC_OBSERVE_S = 1.0  # how late a collector pause may reach its histogram (`watch_gc`)
 PAUSE_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05,
     0.1, 0.25, 1.0,
@@ -186,6 +188,7 @@ class Metrics:
             ["generation"], buckets=PAUSE_BUCKETS, registry=r,
         )
 
+        self._observe_gc: Callable[[], None] = _nothing  # the pauses noted since the last
         # Labelled children looked up once: `labels()` costs more than the observation.
         self._answered: dict[tuple[str, int], Any] = {}
         self._durations: dict[str, Any] = {}
@@ -221,8 +224,18 @@ class Metrics:
         self.batch_duration.observe(seconds)
 
     def watch_gc(self) -> Callable[[], None]:
-        """Time every collection of this process; returns the function that stops it."""
+        """Time every collection of this process; returns the function that stops it. Call
+        it from the running loop.
+
+        A collection can begin at any allocation, inside prometheus-client's own code too.
+        In multiprocess mode every value of the process shares one lock, and a pause
+        observed from the collector's callback deadlocked the process whenever its
+        collection began under that lock (as when a labelled child is first made): a
+        cell's gateway hung for good, twice in about thirty benchmark starts of a cell. So the
+        callback only notes each pause, and the loop observes them every
+        `GC_OBSERVE_S` (and a scrape of this process first)."""
         pauses = [self.gc_pause.labels(str(g)) for g in range(3)]
+        noted: list[tuple[int, float]] = []
         started = 0.0
 
         def on_gc(phase: str, info: dict[str, int]) -> None:
@@ -230,13 +243,40 @@ class Metrics:
             if phase == "start":
                 started = time.perf_counter()
             else:
-                pauses[info["generation"]].observe(time.perf_counter() - started)
+                noted.append((info["generation"], time.perf_counter() - started))
 
+        def observe() -> None:
+            while noted:  # what a collection during this loop notes is observed too
+                generation, seconds = noted.pop()
+                pauses[generation].observe(seconds)
+
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def tick() -> None:
+            nonlocal timer
+            observe()
+            timer = loop.call_later(GC_OBSERVE_S, tick)
+
+        def unwatch() -> None:
+            gc.callbacks.remove(on_gc)
+            if timer is not None:
+                timer.cancel()
+            self._observe_gc = _nothing
+            observe()
+
+        tick()
+        self._observe_gc = observe
         gc.callbacks.append(on_gc)
-        return lambda: gc.callbacks.remove(on_gc)
+        return unwatch
 
     def render(self) -> bytes:
+        self._observe_gc()
         return generate_latest(self._view)
+
+
+def _nothing() -> None:
+    pass
 
 
 __all__ = ["Metrics", "Snapshot"]
