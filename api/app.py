@@ -24,13 +24,14 @@ from api.access_log import with_access_log
 from api.auth import KeyRing, load_keys
 from api.direct import DirectRoute, LocalRoute
 from api.door import Door
-from api.errors import error_response
+from api.errors import error_response, to_api_error
 from api.fastpath import with_fast_path
 from api.metrics import Metrics
 from api.openapi import openapi_routes
 from api.routes import Routes
 from api.service import Service
 from api.settings import Settings
+from batcher import BatchgateError
 
 log = logging.getLogger("batchgate.app")
 
@@ -90,7 +91,8 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
             Route("/admin/workers", routes.admin_workers, methods=["GET"]),
             *openapi_routes(routes.limits),
         ],
-        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+        exception_handlers={HTTPException: _http_error, BatchgateError: _refused,
+                            Exception: _internal_error},
         lifespan=lifespan,
     )
     return with_fast_path(app, routes.batchstring)
@@ -177,6 +179,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    """An error of batchgate's own outside the hot route, as a gateway's call to a core that
+    stopped answering: its status and code, as on the hot route."""
+    err = to_api_error(exc)
+    return error_response(err.status, err.code, err.message, err.headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -43,6 +43,7 @@ from api.door import Answered, Door, Job, Outcome, Rendered
 from api.errors import error_body, to_api_error
 from api.requests import ClientWatch, Collation, Deadlines
 from batcher import Item, RateMeter, Tier
+from failover import NoHealthyWorker
 from gpu_pool import WorkerInfo
 
 log = logging.getLogger("batchgate.link")
@@ -58,6 +59,9 @@ thousands of requests a second a gateway would send a frame of one or two jobs e
 turn. Spaced, the frames carry more jobs each, for at most the spacing in latency; below
 the rate, where the core has CPU to spare, nothing waits."""
 DEADLINE_SLOT_S = 0.01  # a gateway's job times out at most this late
+CALL_TIMEOUT_S = 10.0
+"""How long a gateway waits for the core to answer a call (`/readyz`, `/admin/workers`,
+`/metrics`): a core whose loop is stuck gets a 503 (and `/readyz` a not-ready), not a hang."""
 PRINCIPALS_KEPT = 4096  # distinct callers whose Principal a connection reuses
 
 
@@ -314,8 +318,9 @@ class LinkServer:
 
 
 # -- the gateway's side ------------------------------------------------------------------------
-class CoreLost(ConnectionError):
-    """The core process went away; the gateway cannot serve without it."""
+class CoreLost(NoHealthyWorker):
+    """The core process went away or stopped answering; the gateway cannot serve without
+    it (a 503 where it reaches a route)."""
 
 
 class Receiver(Protocol):
@@ -422,7 +427,12 @@ class RemoteCore:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         conn.waiting[rid] = future
         conn.send(("call", rid, name))
-        return await future
+        try:
+            return await asyncio.wait_for(future, CALL_TIMEOUT_S)
+        except TimeoutError:
+            conn.waiting.pop(rid, None)
+            raise CoreLost(f"the core process did not answer within {CALL_TIMEOUT_S:g} s"
+                           ) from None
 
     async def ready(self) -> dict[str, object]:
         try:

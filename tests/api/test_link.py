@@ -20,6 +20,8 @@ import pytest
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+import api.link as link_module
+from api.app import http_app
 from api.auth import Principal, load_keys
 from api.direct import RemoteRoute
 from api.door import Answered, Door, Job, Rendered
@@ -394,3 +396,40 @@ async def test_a_gateway_s_direct_call_gets_a_503_when_the_core_goes(
         assert all(a.json()["error"]["code"] == "no_healthy_worker" for a in answers)
         after = await post_to(port, "after")  # the link is gone: refused at once
         assert after.status_code == 503
+
+
+@asynccontextmanager
+async def no_lifespan(app: object) -> AsyncIterator[None]:
+    yield
+
+
+async def test_a_gateway_s_calls_to_a_core_that_stops_answering_end_in_503(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(link_module, "CALL_TIMEOUT_S", 0.2)
+    path = str(tmp_path / "mute.sock")
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes every frame, answers none, until the gateway hangs up
+
+    server = await asyncio.start_unix_server(mute, path)
+    async with server:
+        remote = RemoteCore(path, lambda: None)
+        await remote.connect()
+        assert remote._conn is not None and remote._conn.transport is not None
+        with anyio.fail_after(10):
+            assert (await remote.ready())["ready"] is False
+            with pytest.raises(CoreLost):
+                await remote.workers()
+        assert not remote._conn.waiting
+        routes = Routes(remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), Metrics())
+        async with serving(http_app(routes, no_lifespan)) as port, httpx.AsyncClient(
+                base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            workers = await client.get("/admin/workers",
+                                       headers={"Authorization": "Bearer admin-demo-key"})
+            assert workers.status_code == 503, workers.text
+            assert workers.json()["error"]["code"] == "no_healthy_worker"
+            assert workers.headers["retry-after"] == "1"
+            assert (await client.get("/readyz")).status_code == 503
+            assert (await client.get("/metrics")).status_code == 503
+        remote._conn.transport.close()
