@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from anyio.abc import TaskGroup
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -324,6 +325,14 @@ async def post_to(port: int, text: str) -> httpx.Response:
                                  headers={"Authorization": "Bearer paid-demo-key"})
 
 
+def post_soon(tg: TaskGroup, port: int, text: str, into: list[httpx.Response]) -> None:
+    """POST `text` in the background; its response joins `into`."""
+    async def one() -> None:
+        into.append(await post_to(port, text))
+
+    tg.start_soon(one)
+
+
 async def test_a_gateway_s_direct_way_answers_each_request_with_its_own_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,13 +361,9 @@ async def test_a_gateway_s_direct_call_whose_client_leaves_is_withdrawn_and_coun
 ) -> None:
     async with core(tmp_path, monkeypatch, tiers()) as (service, ran, path), \
             gateway_http(path) as (port, remote, metrics):
+        first: list[httpx.Response] = []
         async with anyio.create_task_group() as tg:
-            first: list[httpx.Response] = []
-
-            async def occupy() -> None:
-                first.append(await post_to(port, "first"))
-
-            tg.start_soon(occupy)
+            post_soon(tg, port, "first", first)
             await until(lambda: service.core.statistics().table.busy == 1)  # "first" runs
             stream = await anyio.connect_tcp("127.0.0.1", port)
             body = b'{"input": "left"}'
@@ -380,15 +385,11 @@ async def test_a_gateway_s_direct_call_gets_a_503_when_the_core_goes(
 ) -> None:
     async with core(tmp_path, monkeypatch, tiers()) as (service, _, path), \
             gateway_http(path) as (port, remote, _):
+        answers: list[httpx.Response] = []
         async with anyio.create_task_group() as tg:
-            answers: list[httpx.Response] = []
-
-            async def one(text: str) -> None:
-                answers.append(await post_to(port, text))
-
-            tg.start_soon(one, "first")
+            post_soon(tg, port, "first", answers)
             await until(lambda: service.core.statistics().table.busy == 1)
-            tg.start_soon(one, "orphan")
+            post_soon(tg, port, "orphan", answers)
             await until(lambda: service.core.statistics().batcher.pending == 1)
             assert remote._conn is not None and remote._conn.transport is not None
             remote._conn.transport.close()  # as when the core process dies
