@@ -25,7 +25,12 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?)\s+(\S+)")
 
 
 class ServerError(RuntimeError):
-    """The server did not become ready, or died; the message ends with its log's tail."""
+    """The server did not become ready, or died; the message ends with its log's tail, and
+    the whole log is kept at `log_path` (the caller removes it once read)."""
+
+    def __init__(self, message: str, log_path: Path) -> None:
+        super().__init__(f"{message}\n(server log kept: {log_path})")
+        self.log_path = log_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +92,12 @@ def wait_ready(server: RunningServer, timeout_s: float) -> None:
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise ServerError(f"server exited with {server.process.returncode}:\n"
-                              + server.log_tail())
+                              + server.log_tail(), server.log_path)
         if _ready(server.url):
             return
         time.sleep(0.1)
-    raise ServerError(f"server not ready after {timeout_s:.0f} s:\n" + server.log_tail())
+    raise ServerError(f"server not ready after {timeout_s:.0f} s:\n" + server.log_tail(),
+                      server.log_path)
 
 
 def _ready(url: str) -> bool:

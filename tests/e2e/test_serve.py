@@ -132,6 +132,7 @@ async def test_sigterm_finishes_in_flight_work_and_leaves_no_process() -> None:
     # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too.
     assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in srv.log_tail(40)
+    srv.log_path.unlink()  # read; a failure above keeps it
 
 
 async def test_sigterm_says_not_ready_at_once_and_serves_through_the_drain_delay() -> None:
@@ -153,6 +154,7 @@ async def test_sigterm_says_not_ready_at_once_and_serves_through_the_drain_delay
     finally:
         leftovers = stop_server(srv)
     assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
+    srv.log_path.unlink()  # a failure above keeps it
 
 
 def test_the_admin_key_is_not_in_any_spawned_processs_environment() -> None:
