@@ -20,8 +20,9 @@ _SIZE = struct.Struct("!i")  # multiprocessing.connection's frame header
 _LONG_SIZE = struct.Struct("!Q")  # after a size of -1, for frames of 2 GiB and more
 READ_CHUNK = 1 << 16
 """Bytes asked of one read. A read allocates all it asks for before it shrinks to what came:
-a 1 MiB ask cost the core process about 15 us a reply (a 2 KB one) in allocating and
-unmapping; a long reply takes a few reads of this size in one call instead."""
+with a 1 MiB ask a 2.5 KB reply took 16-18 us to read in a tight loop (2.8 with 64 KiB),
+and the core's handling of a reply at 10,000 items/s about 100 us more. A long reply takes
+a few reads of this size in one call instead."""
 
 
 def frame(message: object) -> bytes:
