@@ -179,8 +179,7 @@ class Door:
         err = to_api_error(exc)
         if err.status in (429, 503):
             self.metrics.rejected.labels(tier.label, err.code).inc()
-        return Rendered(err.status, error_body(err.code, err.message),
-                        tuple(err.headers.items()))
+        return rendered(err)
 
     def _check_rate(self, job: Job) -> None:
         factor = pressure_factor(self.service.pressure(job.principal.tier))
@@ -272,8 +271,13 @@ class Door:
             store.abandon(begin.entry, clock.now())  # a no-op once completed
 
 
+def rendered(err: ApiError) -> Rendered:
+    """An error as the answer its client gets."""
+    return Rendered(err.status, error_body(err.code, err.message), tuple(err.headers.items()))
+
+
 def _replayed(stored: StoredResponse) -> Rendered:
     return Rendered(stored.status, stored.body, (("Idempotent-Replayed", "true"),))
 
 
-__all__ = ["Answered", "Door", "Job", "Outcome", "Rendered", "answer_body"]
+__all__ = ["Answered", "Door", "Job", "Outcome", "Rendered", "answer_body", "rendered"]

@@ -39,8 +39,8 @@ from typing import Any, Protocol, cast
 from starlette.requests import ClientDisconnect
 
 from api.auth import Principal
-from api.door import Answered, Door, Job, Outcome, Rendered
-from api.errors import error_body, to_api_error
+from api.door import Answered, Door, Job, Outcome, Rendered, rendered
+from api.errors import to_api_error
 from api.requests import ClientWatch, Collation, Deadlines
 from batcher import Item, RateMeter, Tier
 from failover import NoHealthyWorker
@@ -456,13 +456,11 @@ class RemoteCore:
 
 def client_closed() -> Rendered:
     """What `Door.run` returns for a client that left (the routes count it, write nothing)."""
-    err = to_api_error(ClientDisconnect())
-    return Rendered(err.status, error_body(err.code, err.message), ())
+    return rendered(to_api_error(ClientDisconnect()))
 
 
 def unavailable() -> Rendered:
-    return Rendered(503, error_body("no_healthy_worker", "the core process is unavailable"),
-                    (("Retry-After", "1"),))
+    return rendered(to_api_error(CoreLost("the core process is unavailable")))
 
 
 __all__ = ["CALLS", "CoreLost", "LinkServer", "Receiver", "RemoteCore", "client_closed",
