@@ -2,22 +2,33 @@
 
 Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure flush
 decision, the synchronous batcher (the batching half of the dispatch core), admission
-control and the injected clock.
+control, the injected clock, and the framed-message transport that every process of
+batchgate speaks (a cell's link, a worker's pipe).
 """
 
-from batcher.admission import Admission, AdmissionSettings, AdmissionStatistics, RateMeter
-from batcher.batcher import Batcher, BatcherStatistics, Closed, Cut
+from batcher.admission import Admission, AdmissionSettings, RateMeter
+from batcher.batcher import Batcher, BatcherStatistics, Cut
 from batcher.clock import Clock, LoopClock, MonotonicClock
-from batcher.errors import BatchgateError, DeadlineExceeded, Overloaded, QueueFull
+from batcher.errors import (
+    BatchgateError,
+    Closed,
+    DeadlineExceeded,
+    DeadlineUnreachable,
+    NoWorkerReady,
+    OverBudget,
+    Overloaded,
+    QueueFull,
+)
+from batcher.framing import READ_CHUNK, Framed, FrameReader, frame
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import QueueStatistics, TierQueues
 from batcher.types import MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
 
 __all__ = [
     "MAX_BATCH",
+    "READ_CHUNK",
     "Admission",
     "AdmissionSettings",
-    "AdmissionStatistics",
     "Batcher",
     "BatcherStatistics",
     "BatchgateError",
@@ -26,18 +37,24 @@ __all__ = [
     "Closed",
     "Cut",
     "DeadlineExceeded",
+    "DeadlineUnreachable",
     "FlushPolicy",
     "FlushReason",
+    "FrameReader",
+    "Framed",
     "Item",
     "ItemId",
     "ItemSink",
     "Lane",
     "LoopClock",
     "MonotonicClock",
+    "NoWorkerReady",
+    "OverBudget",
     "Overloaded",
     "QueueFull",
     "QueueStatistics",
     "RateMeter",
     "Tier",
     "TierQueues",
+    "frame",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from batcher.errors import Overloaded
+from batcher.errors import DeadlineUnreachable, NoWorkerReady, OverBudget
 from batcher.types import MAX_BATCH, Tier
 
 
@@ -33,12 +33,6 @@ class AdmissionSettings:
             raise ValueError("admission budgets must be > 0 seconds")
         if not 0 < self.smoothing <= 1:
             raise ValueError("smoothing must be within (0, 1]")
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionStatistics:
-    batch_latency: float
-    refused: dict[str, int]
 
 
 MIN_SHARE = 0.05  # a tier is never assumed to get less than this share of the pool
@@ -71,7 +65,6 @@ class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self._settings = settings
         self._latency = settings.initial_latency
-        self._refused = dict.fromkeys((t.label for t in Tier), 0)
 
     @property
     def batch_latency(self) -> float:
@@ -112,33 +105,23 @@ class Admission:
     def check(
         self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
     ) -> None:
-        """Admit, or raise Overloaded (with the code of the limit hit and a Retry-After)."""
+        """Admit, or raise the `Overloaded` of the limit hit (with a Retry-After)."""
         if self.admits(tier, ahead, workers, deadline_in, overtaking):
             return
-        self._refuse(tier)
         if workers <= 0:
-            raise Overloaded("no worker is ready", 1.0, code="no_healthy_worker")
+            raise NoWorkerReady("no worker is ready", 1.0)
         expected = self.estimate(ahead, workers, overtaking)
         retry = expected - self._latency  # the time the queue ahead needs to drain
         budget = self._settings.budgets[tier]
         if expected > budget:
-            raise Overloaded(
+            raise OverBudget(
                 f"expected wait {expected * 1000:.0f} ms exceeds the {tier.label} "
                 f"tier's budget of {budget * 1000:.0f} ms",
                 retry,
-                code="over_budget",
             )
-        raise Overloaded(
-            f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline",
-            retry,
-            code="deadline_unreachable",
+        raise DeadlineUnreachable(
+            f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline", retry
         )
 
-    def statistics(self) -> AdmissionStatistics:
-        return AdmissionStatistics(self._latency, dict(self._refused))
 
-    def _refuse(self, tier: Tier) -> None:
-        self._refused[tier.label] += 1
-
-
-__all__ = ["Admission", "AdmissionSettings", "AdmissionStatistics", "RateMeter"]
+__all__ = ["Admission", "AdmissionSettings", "RateMeter"]

@@ -13,15 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batcher.admission import Admission, RateMeter
+from batcher.errors import Closed
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import TierQueues
 from batcher.types import FlushReason, Item, Tier
 
 RECENT_ADMITS = 4  # requests over which `load_rate` sees a step in load
-
-
-class Closed(Exception):
-    """Raised by `admit` once the batcher drains: no new work is accepted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,4 +202,4 @@ class Batcher:
         )
 
 
-__all__ = ["Batcher", "BatcherStatistics", "Closed", "Cut"]
+__all__ = ["Batcher", "BatcherStatistics", "Cut"]

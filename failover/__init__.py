@@ -7,18 +7,18 @@ limits learned from recent batch times (`BatchTimes`), and remembers idempotent 
 is the one task that feeds it events and performs its actions.
 """
 
+from failover.build import CoreSettings, build_core
 from failover.core import CoreActions, CoreStatistics, DispatchCore, Send
 from failover.errors import (
     ContractViolation,
     IdempotencyMismatch,
     ModelError,
-    NoHealthyWorker,
     QueryOfDeath,
+    ShuttingDown,
     WorkerCrashed,
 )
 from failover.hang import BatchTimes, HangSettings
 from failover.idempotency import (
-    LEADER_GONE,
     Begin,
     Entry,
     IdempotencyStatistics,
@@ -28,14 +28,12 @@ from failover.idempotency import (
     MemoryIdempotencyStore,
     Replay,
     StoredResponse,
-    is_storable,
 )
 from failover.owner import CoreObserver, CoreOwner
 from failover.quarantine import Quarantine
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
 
 __all__ = [
-    "LEADER_GONE",
     "Actions",
     "BatchTimes",
     "Begin",
@@ -43,6 +41,7 @@ __all__ = [
     "CoreActions",
     "CoreObserver",
     "CoreOwner",
+    "CoreSettings",
     "CoreStatistics",
     "Dispatch",
     "DispatchCore",
@@ -57,13 +56,13 @@ __all__ = [
     "Lead",
     "MemoryIdempotencyStore",
     "ModelError",
-    "NoHealthyWorker",
     "Quarantine",
     "QueryOfDeath",
     "Replay",
     "Send",
+    "ShuttingDown",
     "StoredResponse",
     "TableStatistics",
     "WorkerCrashed",
-    "is_storable",
+    "build_core",
 ]

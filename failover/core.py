@@ -25,19 +25,18 @@ from batcher import (
     BatcherStatistics,
     BatchgateError,
     Capacity,
-    Closed,
     DeadlineExceeded,
     FlushReason,
     Item,
     Tier,
 )
-from failover.errors import ContractViolation, ModelError, NoHealthyWorker, QueryOfDeath
+from failover.errors import ContractViolation, ModelError, QueryOfDeath, ShuttingDown
 from failover.quarantine import Quarantine
 from failover.table import InFlightTable, TableStatistics
 from gpu_pool import Err, Ok, Run, WorkerId
 
 Result = tuple[Item, str | BaseException]
-Refusal = BatchgateError | Closed  # why `admit` turned a request away
+Refusal = BatchgateError  # why `admit` turned a request away
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +123,7 @@ class DispatchCore:
                     try:
                         self._admit(items, deadline_in, now, ready)
                         refusals.append(None)
-                    except (BatchgateError, Closed) as exc:
+                    except BatchgateError as exc:
                         refusals.append(exc)
             start = stop
         return refusals, self._must_turn(was_empty, now)
@@ -212,7 +211,7 @@ class DispatchCore:
 
     def abandon(self) -> CoreActions:
         """Shutdown: answer everything that will never run now."""
-        error = NoHealthyWorker("the server shut down before the item ran")
+        error = ShuttingDown("the server shut down before the item ran")
         left = self._batcher.queues.drain() + self._table.abandon()
         return CoreActions(settle=[(item, error) for item in left if not item.cancelled])
 

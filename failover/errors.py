@@ -2,7 +2,7 @@
 
     BatchgateError (batcher.errors)
     ├── WorkerCrashed        table: the item's batch died with its worker `max_attempts` times
-    ├── NoHealthyWorker      dispatcher: shut down, or no worker is left to run the item
+    ├── ShuttingDown         core: shut down before the item ran
     ├── QueryOfDeath         table: run alone, the item killed its worker (refused on sight)
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
@@ -20,10 +20,10 @@ class WorkerCrashed(BatchgateError):
     code = "worker_crashed"
 
 
-class NoHealthyWorker(BatchgateError):
-    """No worker can take the item (the pool is shutting down or every worker is gone)."""
+class ShuttingDown(BatchgateError):
+    """Raised by `DispatchCore.abandon`: the server stopped before the item ran."""
 
-    code = "no_healthy_worker"
+    code = "shutting_down"
 
 
 class QueryOfDeath(BatchgateError):
@@ -60,7 +60,7 @@ __all__ = [
     "ContractViolation",
     "IdempotencyMismatch",
     "ModelError",
-    "NoHealthyWorker",
     "QueryOfDeath",
+    "ShuttingDown",
     "WorkerCrashed",
 ]

@@ -2,9 +2,10 @@
 
 Plain synchronous code, like the table: `begin` decides whether the caller leads, joins the
 attempt in flight, or replays a stored answer; `complete` records the leader's answer and
-wakes the joiners. Only what running the request decided is kept (`is_storable`): anything
-else is dropped so that a retry really retries, though the requests that joined that attempt
-still receive it.
+wakes the joiners. The caller says whether an answer is kept (what running the request
+decided): anything else is dropped so that a retry really retries, though the requests that
+joined that attempt still receive it. The store reads nothing of an answer: statuses are the
+front door's.
 
 Bounds, each for `ttl` seconds: at most `max_entries` completed answers and `max_bytes` of
 them in all, and at most `account_share` of either per account (a scope). Each account's
@@ -33,37 +34,38 @@ ENTRY_OVERHEAD = 650  # bytes an entry costs beyond the lengths of its body, key
 
 @dataclass(frozen=True, slots=True)
 class StoredResponse:
+    """What the door answered; opaque here."""
+
     status: int
     body: bytes
-
-
-# What joiners receive when their leader goes away without an answer (see `abandon`).
-LEADER_GONE = StoredResponse(503, b"")
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class Entry:
     """One request under a key: in flight until `response` is set, then settled for good."""
 
-    __slots__ = ("_settled", "expires", "fingerprint", "key", "response")
+    __slots__ = ("_settled", "expires", "fingerprint", "gone", "key", "response")
 
     def __init__(self, key: Key, fingerprint: bytes) -> None:
         self.key = key
         self.fingerprint = fingerprint
         self.response: StoredResponse | None = None
+        self.gone = False  # abandoned without an answer (`abandon`)
         self.expires = float("inf")
         self._settled: anyio.Event | None = None  # made by the first joiner, inside the loop
 
-    async def wait(self) -> StoredResponse:
-        """The leader's response once it completes; `LEADER_GONE` if it was abandoned."""
-        while (response := self.response) is None:
+    async def wait(self) -> StoredResponse | None:
+        """The leader's response once it completes; None if it was abandoned unanswered."""
+        while (response := self.response) is None and not self.gone:
             if self._settled is None:
                 self._settled = anyio.Event()
             await self._settled.wait()
         return response
 
-    def _settle(self, response: StoredResponse) -> None:
+    def _settle(self, response: StoredResponse | None) -> None:
         # Sync and loop-safe: may run from a plain event-loop callback.
         self.response = response
+        self.gone = response is None
         if self._settled is not None:
             self._settled.set()
 
@@ -100,7 +102,7 @@ class IdempotencyStatistics:
     replays: int
     joins: int
     mismatches: int
-    dropped: int  # 5xx (and abandoned) answers not kept
+    dropped: int  # answers not kept (the caller said so, or abandoned)
     evictions: int
     expirations: int
     bytes: int = 0  # what the completed answers cost, by `ENTRY_OVERHEAD` and their sizes
@@ -111,16 +113,10 @@ class IdempotencyStore(Protocol):
     """The seam: a shared store (e.g. Redis) can replace the in-memory one."""
 
     def begin(self, scope: str, key: str, fingerprint: bytes, now: float) -> Begin: ...
-    def complete(self, entry: Entry, response: StoredResponse, now: float) -> None: ...
+    def complete(self, entry: Entry, response: StoredResponse, now: float, keep: bool
+                 ) -> None: ...
     def abandon(self, entry: Entry, now: float) -> None: ...
     def statistics(self) -> IdempotencyStatistics: ...
-
-
-def is_storable(status: int) -> bool:
-    """What running the request decided: its answer (2xx), or an error its own body causes
-    (400, 413, 422). Refusals (401, 429, 503), a client leaving (499), timeouts (504) and
-    5xx say nothing about the request: a retry must run it, never replay them."""
-    return 200 <= status < 300 or status in (400, 413, 422)
 
 
 class MemoryIdempotencyStore:
@@ -169,21 +165,37 @@ class MemoryIdempotencyStore:
         self._replays += 1
         return Replay(entry.response)
 
-    def complete(self, entry: Entry, response: StoredResponse, now: float) -> None:
-        """Settle a lead: wake its joiners with `response`; keep it if 2xx/4xx, else drop it.
+    def complete(self, entry: Entry, response: StoredResponse, now: float, keep: bool
+                 ) -> None:
+        """Settle a lead: wake its joiners with `response`; keep it for replays if `keep`.
 
         Raises ValueError if `entry` is not in flight in this store (e.g. completed twice).
         """
         if self._in_flight.get(entry.key) is not entry:
             raise ValueError("entry is not in flight in this store (completed twice?)")
+        self._settle(entry, response, now, keep)
+
+    def abandon(self, entry: Entry, now: float) -> None:
+        """The leader is going away unanswered: its joiners get None, nothing is kept.
+
+        Safe to call in a `finally:` after `complete`, so no joiner can wait forever.
+        """
+        if entry.response is None and not entry.gone:
+            if self._in_flight.get(entry.key) is not entry:
+                raise ValueError("entry is not in flight in this store")
+            self._settle(entry, None, now, False)
+
+    def _settle(self, entry: Entry, response: StoredResponse | None, now: float, keep: bool
+                ) -> None:
         self._expire(now)
         del self._in_flight[entry.key]
-        if is_storable(response.status):
+        if response is not None and keep:
             # A copy of exactly its size: orjson's output sits in a 4 KiB block whatever its
-            # length, and 100,000 kept answers of 60 bytes took 450 MiB, not 50.
-            response = StoredResponse(response.status, bytes(memoryview(response.body)))
+            # length, so a kept answer would hold far more memory than it counts.
+            response = StoredResponse(response.status, bytes(memoryview(response.body)),
+                                      response.headers)
         entry._settle(response)
-        if is_storable(response.status):
+        if response is not None and keep:
             entry.expires = now + self._ttl
             self._completed[entry.key] = entry
             account = self._accounts.get(entry.key[0])
@@ -199,14 +211,6 @@ class MemoryIdempotencyStore:
             self._evict()
         else:
             self._dropped += 1
-
-    def abandon(self, entry: Entry, now: float) -> None:
-        """The leader is going away: settle with `LEADER_GONE` unless already complete.
-
-        Safe to call in a `finally:` after `complete`, so no joiner can wait forever.
-        """
-        if entry.response is None:
-            self.complete(entry, LEADER_GONE, now)
 
     def _expire(self, now: float) -> None:
         # Completion order is expiry order (one ttl, monotonic now): sweep from the front.
@@ -274,7 +278,6 @@ def _cost(entry: Entry) -> int:
 
 
 __all__ = [
-    "LEADER_GONE",
     "Begin",
     "Entry",
     "IdempotencyStatistics",
@@ -284,5 +287,4 @@ __all__ = [
     "MemoryIdempotencyStore",
     "Replay",
     "StoredResponse",
-    "is_storable",
 ]

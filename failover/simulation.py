@@ -12,19 +12,9 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from batcher import (
-    Admission,
-    AdmissionSettings,
-    Batcher,
-    FlushPolicy,
-    Item,
-    ItemId,
-    Tier,
-    TierQueues,
-)
+from batcher import FlushPolicy, Item, ItemId, Tier
+from failover.build import CoreSettings, build_core
 from failover.core import CoreActions, DispatchCore
-from failover.hang import BatchTimes, HangSettings
-from failover.table import InFlightTable
 from gpu_pool import Ok, WorkerId
 
 
@@ -67,13 +57,7 @@ class _Requests:
 
 def core_for(workers: int, policy: FlushPolicy, latency: float, capacity: int) -> DispatchCore:
     """A core as the service builds one, admission past reach (this measures batching)."""
-    admission = Admission(AdmissionSettings(
-        budgets=dict.fromkeys(Tier, math.inf), max_batch=policy.max_batch,
-        initial_latency=latency,
-    ))
-    batcher = Batcher(TierQueues(dict.fromkeys(Tier, capacity)), policy, admission)
-    never = BatchTimes(HangSettings(hedge=False, kill_after=math.inf))  # workers never stall
-    return DispatchCore(batcher, InFlightTable(times=never), admission)
+    return build_core(CoreSettings.unbounded(policy, latency, capacity))
 
 
 def simulate(

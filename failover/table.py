@@ -64,7 +64,6 @@ class Actions:
 
     deliver: list[Result] = field(default_factory=list)
     retry: list[Item] = field(default_factory=list)
-    freed: bool = False  # a worker became idle
     discarded: bool = False  # the event was stale (fencing) and changed nothing
 
 
@@ -181,7 +180,7 @@ class InFlightTable:
             if not item.done:  # else its hedge (or the batch it hedged) answered first
                 item.done = True
                 deliver.append((item, output))
-        return Actions(deliver=deliver, freed=True)
+        return Actions(deliver=deliver)
 
     def on_error(self, worker: WorkerId, batch_id: BatchId, error: ModelError) -> Actions:
         """The model raised on the batch; the worker lives. Bisect to isolate the culprits."""
@@ -198,9 +197,9 @@ class InFlightTable:
         items = self._orphans(batch)
         if len(items) <= 1:
             self._model_errors += len(items)
-            return Actions(deliver=_settled([(i, error) for i in items]), freed=True)
+            return Actions(deliver=_settled([(i, error) for i in items]))
         self._split(items, batch.lineage or _Lineage(self._bisect_budget))
-        return Actions(freed=True)
+        return Actions()
 
     def _split(self, items: list[Item], lineage: _Lineage) -> None:
         """Queue `items` again as two halves (one by one once the budget is spent)."""

@@ -18,9 +18,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from batcher import (
-    Admission,
-    AdmissionSettings,
-    Batcher,
     BatchgateError,
     Closed,
     DeadlineExceeded,
@@ -28,9 +25,8 @@ from batcher import (
     Item,
     ItemId,
     Tier,
-    TierQueues,
 )
-from failover import BatchTimes, CoreActions, DispatchCore, HangSettings, InFlightTable, ModelError
+from failover import BatchTimes, CoreActions, CoreSettings, HangSettings, ModelError, build_core
 from failover.hang import REFRESH
 from gpu_pool import Err, Ok, Run, WorkerId
 
@@ -78,16 +74,11 @@ class Model:
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        admission = Admission(AdmissionSettings(
-            budgets={Tier.PAID: 0.6, Tier.FREE: 0.3}, max_batch=MAX_BATCH,
-            initial_latency=LATENCY,
-        ))
-        policy = FlushPolicy(max_batch=MAX_BATCH, max_wait=MAX_WAIT)
-        batcher = Batcher(TierQueues({Tier.PAID: 40, Tier.FREE: 40}), policy, admission)
-        self.core = DispatchCore(
-            batcher, InFlightTable(max_attempts=MAX_ATTEMPTS, bisect_budget=6, times=learned()),
-            admission,
-        )
+        self.core = build_core(CoreSettings(
+            budgets={Tier.PAID: 0.6, Tier.FREE: 0.3},
+            policy=FlushPolicy(max_batch=MAX_BATCH, max_wait=MAX_WAIT), queue_capacity=40,
+            initial_latency=LATENCY, max_attempts=MAX_ATTEMPTS, bisect_budget=6,
+        ), times=learned())
         self.now = 0.0
         self.m = Model()
         self.requests: list[Request] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import tracemalloc
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from hypothesis.stateful import (
 from failover.errors import IdempotencyMismatch
 from failover.idempotency import (
     ENTRY_OVERHEAD,
-    LEADER_GONE,
     Entry,
     IdempotencyStore,
     Join,
@@ -66,13 +66,13 @@ def test_repeat_in_flight_joins_the_same_entry() -> None:
 
 def test_repeat_after_completion_replays_the_stored_response() -> None:
     s = store()
-    s.complete(lead(s, "k"), OK, 1.0)
+    s.complete(lead(s, "k"), OK, 1.0, keep=True)
     assert s.begin("acct", "k", b"x", 2.0) == Replay(OK)
 
 
 def test_a_4xx_is_final_and_replayed() -> None:
     s = store()
-    s.complete(lead(s, "k"), INVALID, 1.0)
+    s.complete(lead(s, "k"), INVALID, 1.0, keep=True)
     assert s.begin("acct", "k", b"x", 2.0) == Replay(INVALID)
 
 
@@ -81,7 +81,7 @@ def test_another_body_under_the_same_key_is_refused_in_flight_and_after() -> Non
     entry = lead(s, "k")
     with pytest.raises(IdempotencyMismatch):
         s.begin("acct", "k", b"other", 1.0)
-    s.complete(entry, OK, 1.0)
+    s.complete(entry, OK, 1.0, keep=True)
     with pytest.raises(IdempotencyMismatch):
         s.begin("acct", "k", b"other", 2.0)
     assert s.statistics().mismatches == 2
@@ -89,27 +89,27 @@ def test_another_body_under_the_same_key_is_refused_in_flight_and_after() -> Non
 
 def test_scopes_do_not_share_keys() -> None:
     s = store()
-    s.complete(lead(s, "k"), OK, 0.0)
+    s.complete(lead(s, "k"), OK, 0.0, keep=True)
     assert isinstance(s.begin("", "k", b"other", 1.0), Lead)  # anonymous scope
     assert isinstance(s.begin("acct2", "k", b"x", 1.0), Lead)
 
 
 def test_a_5xx_is_dropped_so_the_retry_leads_again() -> None:
     s = store()
-    s.complete(lead(s, "k"), UNAVAILABLE, 1.0)
+    s.complete(lead(s, "k"), UNAVAILABLE, 1.0, keep=False)
     assert isinstance(s.begin("acct", "k", b"x", 2.0), Lead)
     assert s.statistics().dropped == 1
 
 
 def test_a_retry_after_a_5xx_may_carry_another_body() -> None:
     s = store()
-    s.complete(lead(s, "k"), UNAVAILABLE, 1.0)
+    s.complete(lead(s, "k"), UNAVAILABLE, 1.0, keep=False)
     assert isinstance(s.begin("acct", "k", b"fixed", 2.0), Lead)
 
 
 def test_completed_entries_expire_after_the_ttl() -> None:
     s = store(ttl=10.0)
-    s.complete(lead(s, "k"), OK, 5.0)
+    s.complete(lead(s, "k"), OK, 5.0, keep=True)
     assert s.begin("acct", "k", b"x", 14.9) == Replay(OK)
     assert isinstance(s.begin("acct", "k", b"x", 15.0), Lead)
     assert s.statistics().expirations == 1
@@ -123,9 +123,9 @@ def test_in_flight_entries_never_expire() -> None:
 
 def test_the_oldest_completed_entry_is_evicted_first() -> None:
     s = store(max_entries=2)
-    s.complete(lead(s, "a"), OK, 0.0)
-    s.complete(lead(s, "b"), OK, 1.0)
-    s.complete(lead(s, "c"), OK, 2.0)
+    s.complete(lead(s, "a"), OK, 0.0, keep=True)
+    s.complete(lead(s, "b"), OK, 1.0, keep=True)
+    s.complete(lead(s, "c"), OK, 2.0, keep=True)
     assert isinstance(s.begin("acct", "a", b"x", 3.0), Lead)
     assert s.begin("acct", "c", b"x", 3.0) == Replay(OK)
     assert s.statistics().evictions >= 1
@@ -135,11 +135,11 @@ def test_one_accounts_traffic_never_evicts_another_accounts_answers() -> None:
     s = MemoryIdempotencyStore(ttl=100.0, max_entries=100, account_share=0.25)
     quiet = s.begin("quiet", "order-1", b"x", 0.0)
     assert isinstance(quiet, Lead)
-    s.complete(quiet.entry, OK, 0.0)
+    s.complete(quiet.entry, OK, 0.0, keep=True)
     for i in range(1_000):  # unique keys at the free rate, for ever
         flood = s.begin("flood", f"k{i}", b"x", 1.0)
         assert isinstance(flood, Lead)
-        s.complete(flood.entry, OK, 1.0)
+        s.complete(flood.entry, OK, 1.0, keep=True)
     assert s.begin("quiet", "order-1", b"x", 2.0) == Replay(OK)
     assert s.statistics().entries == 1 + 25  # the flood keeps its own share only
 
@@ -150,11 +150,11 @@ def test_the_store_is_bounded_in_bytes_heaviest_account_first() -> None:
                                account_share=1.0)
     small = s.begin("small", "k", b"x", 0.0)
     assert isinstance(small, Lead)
-    s.complete(small.entry, OK, 0.0)
+    s.complete(small.entry, OK, 0.0, keep=True)
     for i in range(20):
         heavy = s.begin("heavy", f"k{i}", b"x", 1.0)
         assert isinstance(heavy, Lead)
-        s.complete(heavy.entry, big, 1.0)
+        s.complete(heavy.entry, big, 1.0, keep=True)
         assert s.statistics().bytes <= 50_000
     assert s.begin("small", "k", b"x", 2.0) == Replay(OK)  # the heavy one paid for it
     assert s.statistics().entries == 1 + 4
@@ -173,7 +173,7 @@ def test_what_the_store_counts_is_what_its_answers_take() -> None:
             begin = store.begin(f"acct-{i % 8}", key, key.encode()[:16], 0.0)
             assert isinstance(begin, Lead)
             body = orjson.dumps({"id": f"{i:016x}", "output": key[::-1]})
-            store.complete(begin.entry, StoredResponse(200, body), 0.0)
+            store.complete(begin.entry, StoredResponse(200, body), 0.0, keep=True)
         del begin, body
         used = tracemalloc.get_traced_memory()[0] - before
     finally:
@@ -185,7 +185,7 @@ def test_what_the_store_counts_is_what_its_answers_take() -> None:
 
 def test_in_flight_entries_are_never_evicted_but_push_completed_ones_out() -> None:
     s = store(max_entries=1)
-    s.complete(lead(s, "done"), OK, 0.0)
+    s.complete(lead(s, "done"), OK, 0.0, keep=True)
     first, second = lead(s, "a"), lead(s, "b")
     assert s.statistics().entries == 0 and s.statistics().in_flight == 2
     assert s.begin("acct", "a", b"x", 1.0) == Join(first)
@@ -195,7 +195,7 @@ def test_in_flight_entries_are_never_evicted_but_push_completed_ones_out() -> No
 def test_abandon_after_complete_changes_nothing() -> None:
     s = store()
     entry = lead(s, "k")
-    s.complete(entry, OK, 1.0)
+    s.complete(entry, OK, 1.0, keep=True)
     s.abandon(entry, 2.0)
     assert s.begin("acct", "k", b"x", 3.0) == Replay(OK)
 
@@ -204,16 +204,16 @@ def test_abandon_drops_the_entry_so_the_retry_leads() -> None:
     s = store()
     entry = lead(s, "k")
     s.abandon(entry, 1.0)
-    assert entry.response is LEADER_GONE
+    assert entry.response is None and entry.gone
     assert isinstance(s.begin("acct", "k", b"x", 2.0), Lead)
 
 
 def test_completing_twice_is_refused() -> None:
     s = store()
     entry = lead(s, "k")
-    s.complete(entry, OK, 1.0)
+    s.complete(entry, OK, 1.0, keep=True)
     with pytest.raises(ValueError, match="not in flight"):
-        s.complete(entry, OK, 2.0)
+        s.complete(entry, OK, 2.0, keep=True)
 
 
 @pytest.mark.parametrize(("ttl", "max_entries", "max_bytes", "share"), [
@@ -231,14 +231,15 @@ def test_statistics_count_each_outcome() -> None:
     s = store()
     entry = lead(s, "k")
     s.begin("acct", "k", b"x", 0.0)
-    s.complete(entry, OK, 0.0)
+    s.complete(entry, OK, 0.0, keep=True)
     s.begin("acct", "k", b"x", 0.0)
     stats = s.statistics()
     assert (stats.leads, stats.joins, stats.replays, stats.entries) == (1, 1, 1, 1)
 
 
 # -- joiners, concurrently ----------------------------------------------------------------
-async def join_all(s: MemoryIdempotencyStore, n: int, results: list[StoredResponse]) -> None:
+async def join_all(s: MemoryIdempotencyStore, n: int, results: list[StoredResponse | None]
+                   ) -> None:
     async def joiner() -> None:
         begun = s.begin("acct", "k", b"x", 0.0)
         assert isinstance(begun, Join)
@@ -250,28 +251,28 @@ async def join_all(s: MemoryIdempotencyStore, n: int, results: list[StoredRespon
 
 
 def test_twenty_joiners_get_the_leaders_response() -> None:
-    async def main() -> list[StoredResponse]:
-        s, results = store(), list[StoredResponse]()
+    async def main() -> list[StoredResponse | None]:
+        s, results = store(), list[StoredResponse | None]()
         entry = lead(s, "k")
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(join_all, s, 20, results)
                 await anyio.wait_all_tasks_blocked()  # the joiners are all waiting
-                s.complete(entry, OK, 0.05)
+                s.complete(entry, OK, 0.05, keep=True)
         return results
 
     assert run_virtual(main) == [OK] * 20
 
 
 def test_joiners_of_a_5xx_attempt_get_that_5xx() -> None:
-    async def main() -> list[StoredResponse]:
-        s, results = store(), list[StoredResponse]()
+    async def main() -> list[StoredResponse | None]:
+        s, results = store(), list[StoredResponse | None]()
         entry = lead(s, "k")
         with anyio.fail_after(5):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(join_all, s, 3, results)
                 await anyio.wait_all_tasks_blocked()
-                s.complete(entry, UNAVAILABLE, 0.05)
+                s.complete(entry, UNAVAILABLE, 0.05, keep=False)
         assert isinstance(s.begin("acct", "k", b"x", 1.0), Lead)
         return results
 
@@ -279,8 +280,8 @@ def test_joiners_of_a_5xx_attempt_get_that_5xx() -> None:
 
 
 def test_a_cancelled_leader_wakes_its_joiners() -> None:
-    async def main() -> list[StoredResponse]:
-        s, results = store(), list[StoredResponse]()
+    async def main() -> list[StoredResponse | None]:
+        s, results = store(), list[StoredResponse | None]()
         client = anyio.CancelScope()
 
         async def leader() -> None:
@@ -300,21 +301,22 @@ def test_a_cancelled_leader_wakes_its_joiners() -> None:
                 client.cancel()  # the leader's client went away
         return results
 
-    assert run_virtual(main) == [LEADER_GONE] * 5
+    assert run_virtual(main) == [None] * 5  # the leader is gone: nothing to answer
 
 
 def test_waiting_on_a_completed_entry_returns_at_once() -> None:
     s = store()
     entry = lead(s, "k")
-    s.complete(entry, OK, 0.0)
+    s.complete(entry, OK, 0.0, keep=True)
     assert run_virtual(entry.wait) == OK
 
 
 def test_completion_from_a_plain_asyncio_callback_wakes_joiners() -> None:
-    async def main() -> StoredResponse:
+    async def main() -> StoredResponse | None:
         s = store()
         entry = lead(s, "k")
-        asyncio.get_running_loop().call_later(0.01, s.complete, entry, OK, 0.01)
+        asyncio.get_running_loop().call_later(
+            0.01, functools.partial(s.complete, entry, OK, 0.01, keep=True))
         with anyio.fail_after(5):
             return await entry.wait()
 
@@ -407,11 +409,12 @@ class StoreMachine(RuleBasedStateMachine):
     def complete(self, entry: Entry, status: int) -> None:
         self.serial += 1
         response = StoredResponse(status, str(self.serial).encode())
-        self.store.complete(entry, response, self.now)
+        keep = status < 500  # the door keeps what running the request decided
+        self.store.complete(entry, response, self.now, keep=keep)
         assert entry.response == response  # what every joiner wakes up to
         self.expire()
         expected = self.model.pop(entry.key)
-        if status < 500:
+        if keep:
             self.model[entry.key] = Expected(expected.fingerprint, response, self.now + TTL)
             scope = entry.key[0]
             keys = self.accounts.setdefault(scope, [])
@@ -424,7 +427,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(entry=consumes(leaders))
     def abandon(self, entry: Entry) -> None:
         self.store.abandon(entry, self.now)
-        assert entry.response is LEADER_GONE
+        assert entry.response is None and entry.gone
         self.expire()
         del self.model[entry.key]
 
@@ -445,15 +448,11 @@ StoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=
 test_store_matches_the_model_over_random_interleavings = StoreMachine.TestCase
 
 
-def test_only_what_running_the_request_decided_is_kept() -> None:
+def test_only_what_the_caller_keeps_is_replayed() -> None:
     store = MemoryIdempotencyStore(ttl=60.0, max_entries=10)
-    for status in (401, 429, 499, 500, 503, 504):
-        lead = store.begin("acme", f"k{status}", b"f", 0.0)
+    for keep in (False, True):
+        lead = store.begin("acme", f"k{keep}", b"f", 0.0)
         assert isinstance(lead, Lead)
-        store.complete(lead.entry, StoredResponse(status, b"{}"), 0.0)
-        assert isinstance(store.begin("acme", f"k{status}", b"f", 1.0), Lead)  # runs again
-    for status in (200, 400, 413, 422):
-        lead = store.begin("acme", f"k{status}", b"f", 0.0)
-        assert isinstance(lead, Lead)
-        store.complete(lead.entry, StoredResponse(status, b"{}"), 0.0)
-        assert isinstance(store.begin("acme", f"k{status}", b"f", 1.0), Replay)
+        store.complete(lead.entry, StoredResponse(200, b"{}"), 0.0, keep=keep)
+        again = store.begin("acme", f"k{keep}", b"f", 1.0)
+        assert isinstance(again, Replay if keep else Lead)

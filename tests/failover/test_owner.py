@@ -17,9 +17,6 @@ import pytest
 from anyio.abc import TaskGroup, TaskStatus
 
 from batcher import (
-    Admission,
-    AdmissionSettings,
-    Batcher,
     Closed,
     FlushPolicy,
     FlushReason,
@@ -27,15 +24,13 @@ from batcher import (
     ItemId,
     LoopClock,
     Tier,
-    TierQueues,
 )
 from failover import (
-    BatchTimes,
     CoreOwner,
-    DispatchCore,
+    CoreSettings,
     HangSettings,
-    InFlightTable,
-    NoHealthyWorker,
+    ShuttingDown,
+    build_core,
 )
 from failover.hang import MIN_SAMPLES
 from gpu_pool import Ok, PoolEvents, Run, WorkerId, WorkerInfo
@@ -246,13 +241,11 @@ def play(
 
     async def main() -> Rig:
         clock, log = LoopClock(), list[Call]()
-        admission = Admission(AdmissionSettings(
-            budgets=dict.fromkeys(Tier, 1e6), initial_latency=LATENCY
+        core = build_core(CoreSettings(
+            budgets=dict.fromkeys(Tier, 1e6), policy=FlushPolicy(max_batch=100, max_wait=MAX_WAIT),
+            queue_capacity=10_000, initial_latency=LATENCY,
+            hang=hang or HangSettings(hedge=False, kill_after=hang_timeout),
         ))
-        policy = FlushPolicy(max_batch=100, max_wait=MAX_WAIT)
-        batcher = Batcher(TierQueues(dict.fromkeys(Tier, 10_000)), policy, admission)
-        times = BatchTimes(hang or HangSettings(hedge=False, kill_after=hang_timeout))
-        core = DispatchCore(batcher, InFlightTable(times=times), admission)
         pool, observer = FakePool(workers, log, clock), Observer()
         owner = CoreOwner(core, pool, clock, observer)
         rig = Rig(owner, pool, Recorder(log, clock), observer, clock, log)
@@ -433,4 +426,4 @@ def test_abandon_answers_what_never_ran_with_no_healthy_worker() -> None:
     rig = play(scenario, workers=1, hang_timeout=5.0)
     for item in rig.items:
         (result,) = rig.sink.results[item.id]
-        assert isinstance(result, NoHealthyWorker)
+        assert isinstance(result, ShuttingDown)
