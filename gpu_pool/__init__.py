@@ -1,23 +1,36 @@
 """The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
 
 Offers the pool seam (`Pool`, `PoolEvents`), the wire messages, the process pool
-(`WorkerPool`), its settings and the model loader. The Ray pool's settings are here too;
-the Ray pool itself is `gpu_pool.ray_pool.RayPool`, imported only where Ray is wanted
-(it is an optional dependency, and importing `gpu_pool` must not import it).
+(`WorkerPool`), its settings, the slot states and restart `Backoff` both pools share, the
+model registry (what a model name means, asked without loading it) and the model loader.
+The Ray pool's settings are here too; the Ray pool itself is `gpu_pool.ray_pool.RayPool`,
+imported only where Ray is wanted (it is an optional dependency, and importing `gpu_pool`
+must not import it).
 """
 
-from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, validate_spec
-from gpu_pool.pool import PoolSettings, WorkerPool, WorkerState
+from gpu_pool.models import (
+    BUILTIN_MODELS,
+    BatchModel,
+    ModelEntry,
+    default_latency_floor,
+    load_model,
+    uses_gpu,
+    validate_spec,
+)
+from gpu_pool.pool import PoolSettings, WorkerPool
 from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
 from gpu_pool.ray_settings import RayPoolSettings, parse_resources
 from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
+from gpu_pool.slots import Backoff, SlotState
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 
 __all__ = [
     "BUILTIN_MODELS",
+    "Backoff",
     "BatchId",
     "BatchModel",
     "Err",
+    "ModelEntry",
     "Ok",
     "Pool",
     "PoolEvents",
@@ -25,16 +38,18 @@ __all__ = [
     "RayPoolSettings",
     "Ready",
     "Run",
+    "SlotState",
     "Stop",
     "WorkerConfig",
     "WorkerId",
     "WorkerInfo",
     "WorkerPool",
-    "WorkerState",
+    "default_latency_floor",
     "load_model",
     "load_worker",
     "parse_resources",
     "run_batch",
+    "uses_gpu",
     "validate_spec",
     "worker_main",
 ]

@@ -19,13 +19,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
-import itertools
 import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +35,8 @@ from ray.exceptions import RayError
 from gpu_pool.protocol import Ready, Run, WorkerId
 from gpu_pool.ray_actor import spawn_actor
 from gpu_pool.ray_settings import RayPoolSettings
-from gpu_pool.seam import PoolEvents, Unstarted, WorkerInfo
+from gpu_pool.seam import PoolEvents, Unstarted
+from gpu_pool.slots import Slot, SlotPool, Slots, SlotState
 from gpu_pool.worker import WorkerConfig
 
 log = logging.getLogger("batchgate.ray_pool")
@@ -46,34 +44,17 @@ log = logging.getLogger("batchgate.ray_pool")
 CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
-
-
-class ActorState(enum.Enum):
-    PENDING = "pending"  # created, waiting for a node with room
-    STARTING = "starting"  # placed, loading its model
-    READY = "ready"
-    BUSY = "busy"
-    DEAD = "dead"
-    STOPPED = "stopped"
+_PLACED = frozenset({SlotState.STARTING, SlotState.READY, SlotState.BUSY})  # holding room
 
 
 @dataclass(slots=True)
-class _Slot:
-    index: int
-    worker: WorkerId = field(default=WorkerId(0))
+class _Slot(Slot):
+    node: str = "-"  # none yet: Ray has not placed it
     actor: Any = None  # the incarnation's ActorHandle
     calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
-    state: ActorState = ActorState.PENDING
-    node: str = "-"
-    pid: int | None = None
-    device: str = "-"
-    batches: int = 0
-    restarts: int = 0
-    failures: int = 0
-    ready_at: float = 0.0
 
 
-class RayPool:
+class RayPool(SlotPool[_Slot]):
     """Implements `gpu_pool.seam.Pool` with Ray actors."""
 
     def __init__(self, settings: RayPoolSettings) -> None:
@@ -82,18 +63,11 @@ class RayPool:
             f"batchgate-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
         self._events: PoolEvents = Unstarted()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ids = itertools.count(1)
-        self._slots = [_Slot(i) for i in range(settings.pool.workers)]
-        self._by_worker: dict[WorkerId, _Slot] = {}
-        self._changed: anyio.Event | None = None
-        self._stopping = False
+        super().__init__(Slots([_Slot(i) for i in range(settings.pool.workers)],
+                               first=SlotState.PENDING, backoff=settings.pool.backoff))
         self._owns_ray = False
-        self._crashes = 0
         self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
         self._deaths = anyio.Event()  # set when `_dying` gains one
-        self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
-            settings.pool.workers
-        )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -109,14 +83,8 @@ class RayPool:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._report_deaths)
-                for slot in self._slots:
-                    tg.start_soon(self._start, slot, 0.0)
+                await tg.start(self._slots.keep_started, self._start)
                 task_status.started()
-                async with self._restart_recv:
-                    async for index in self._restart_recv:
-                        slot = self._slots[index]
-                        delay = self._settings.pool.restart_delay(slot.failures)
-                        tg.start_soon(self._start, slot, delay)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.stop()
@@ -125,76 +93,51 @@ class RayPool:
         """Wait until `count` actors are ready, or until each has come up, died once or is
         waiting for room the cluster does not have (the placed ones fill its nodes), with
         one ready; or `within` seconds."""
-
-        def settled(slot: _Slot, room: bool) -> bool:
-            return slot.state in (ActorState.READY, ActorState.BUSY, ActorState.DEAD) \
-                or slot.restarts > 0 or (slot.state is ActorState.PENDING and not room)
-
         with anyio.move_on_after(within):
             while self.ready_count() < count:
-                self._changed = anyio.Event()
+                changed = self._slots.changed()  # before asking Ray: a change meanwhile counts
                 if self.ready_count() > 0:
                     capacity = await anyio.to_thread.run_sync(self._capacity)
                     room = self._placed() < capacity
-                    if all(settled(s, room) for s in self._slots[:count]):
+                    if self._slots.settled(count, stuck=() if room else (SlotState.PENDING,)):
                         break
                 with anyio.move_on_after(ROOM_RECHECK_S):  # Ray's room changes unannounced
-                    await self._changed.wait()
+                    await changed.wait()
         return self.ready_count()
 
     async def stop(self) -> None:
         """Kill every actor (after a drain none holds a batch) and leave Ray; stops the
         local Ray if this pool started it."""
-        self._stopping = True
+        self._slots.stop()
         actors = [s.actor for s in self._slots if s.actor is not None]
         for slot in self._slots:
-            slot.state, slot.actor = ActorState.STOPPED, None
+            self._slots.forget(slot.worker)
+            slot.state, slot.actor = SlotState.STOPPED, None
             slot.calls.clear()
-        self._by_worker.clear()
         await anyio.to_thread.run_sync(self._disconnect, actors)
 
     # -- commands ----------------------------------------------------------------------------
     def send(self, worker: WorkerId, run: Run) -> None:
         """Hand a batch to a ready actor. One that is gone was (or will be) reported dead."""
-        slot = self._by_worker.get(worker)
-        if slot is None or slot.state is not ActorState.READY:
+        slot = self._slots.find(worker)
+        if slot is None or slot.state is not SlotState.READY:
             return
         try:
             ref = slot.actor.run.remote(run)
         except RayError:  # this process lost Ray itself: as good as the actor gone
             self._lost(slot, worker)
             return
-        slot.state = ActorState.BUSY
+        slot.state = SlotState.BUSY
         self._call(slot, worker, ref, self._on_reply)
 
     def kill(self, worker: WorkerId) -> None:
         """`ray.kill` the actor (hung batch) and report its death without waiting for Ray
         to declare it dead: for an actor on a node that stopped answering, that may take
         Ray's health checks a while."""
-        slot = self._by_worker.get(worker)
+        slot = self._slots.find(worker)
         if slot is not None:
             log.warning("killing worker %s (node %s, pid %s)", worker, slot.node, slot.pid)
             self._lost(slot, worker)
-
-    def ready_count(self) -> int:
-        return sum(s.state in (ActorState.READY, ActorState.BUSY) for s in self._slots)
-
-    def workers(self) -> list[WorkerInfo]:
-        return [
-            WorkerInfo(id=s.worker, slot=s.index, pid=s.pid, state=s.state.value,
-                       device=s.device, batches=s.batches, restarts=s.restarts, node=s.node)
-            for s in self._slots
-        ]
-
-    def state_counts(self) -> dict[str, int]:
-        counts = {state.value: 0 for state in ActorState}
-        for slot in self._slots:
-            counts[slot.state.value] += 1
-        return counts
-
-    @property
-    def crashes(self) -> int:
-        return self._crashes
 
     # -- Ray, in a thread --------------------------------------------------------------------
     def _connect(self) -> None:
@@ -220,8 +163,7 @@ class RayPool:
 
     def _placed(self) -> int:
         """Actors known to hold their room: placed, loading or up."""
-        up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
-        return sum(s.state in up for s in self._slots)
+        return sum(s.state in _PLACED for s in self._slots)
 
     def _disconnect(self, actors: list[Any]) -> None:
         for actor in actors:
@@ -232,28 +174,22 @@ class RayPool:
             self._owns_ray = False
 
     # -- internals ---------------------------------------------------------------------------
-    async def _start(self, slot: _Slot, delay: float) -> None:
-        if delay > 0:
-            await anyio.sleep(delay)
-        if self._stopping:
-            return
-        worker = WorkerId(next(self._ids))
+    async def _start(self, slot: _Slot) -> None:
         pool = self._settings.pool
         config = WorkerConfig(model=pool.model, gpu=None, threads=self._settings.threads,
                               latency_floor=pool.latency_floor)
+        worker = self._slots.begin(slot)
         actor = spawn_actor(config, f"worker-{worker}", self._namespace,
                             **self._settings.actor_options())
-        slot.worker, slot.actor, slot.state = worker, actor, ActorState.PENDING
-        slot.node, slot.pid, slot.device = "-", None, "-"
+        slot.actor, slot.node = actor, "-"
         slot.calls.clear()
-        self._by_worker[worker] = slot
         self._call(slot, worker, actor.sentinel.remote(), self._on_sentinel)
         try:
             slot.node, slot.pid = await actor.where.remote()  # waits for room
-            if slot.worker != worker or slot.state is not ActorState.PENDING:
+            if slot.worker != worker or slot.state is not SlotState.PENDING:
                 return
-            slot.state = ActorState.STARTING
-            self._signal_change()
+            slot.state = SlotState.STARTING
+            self._slots.signal_change()
             with anyio.fail_after(pool.ready_timeout):
                 ready = await actor.load.remote()
         except TimeoutError:
@@ -268,10 +204,9 @@ class RayPool:
         self._up(slot, worker, ready)
 
     def _up(self, slot: _Slot, worker: WorkerId, ready: Ready) -> None:
-        if slot.worker != worker or slot.state is not ActorState.STARTING:
+        if slot.worker != worker or slot.state is not SlotState.STARTING:
             return
-        slot.state, slot.device, slot.ready_at = ActorState.READY, ready.device, time.monotonic()
-        self._signal_change()
+        self._slots.mark_ready(slot, ready.device)
         log.info("worker %s ready (slot %d, node %s, pid %d, %s)", worker, slot.index,
                  slot.node, ready.pid, ready.device)
         self._events.worker_ready(worker)
@@ -304,7 +239,7 @@ class RayPool:
     def _on_reply(
         self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
     ) -> None:
-        if slot.state is not ActorState.BUSY:
+        if slot.state is not SlotState.BUSY:
             return
         try:
             reply = future.result()
@@ -312,8 +247,7 @@ class RayPool:
             log.warning("worker %s lost mid-batch: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
-        slot.state = ActorState.READY
-        slot.batches += 1
+        self._slots.mark_answered(slot)
         self._events.worker_reply(worker, reply)
 
     def _on_sentinel(
@@ -324,25 +258,17 @@ class RayPool:
     def _lost(self, slot: _Slot, worker: WorkerId) -> None:
         """The incarnation is gone, or must go: kill it and replace it; its death is
         reported once, after its node is checked (`_report_deaths`)."""
-        if slot.worker != worker or slot.state in (ActorState.DEAD, ActorState.STOPPED):
+        if not self._slots.mark_dead(slot, worker):
             return
-        was_up = slot.state in (ActorState.READY, ActorState.BUSY)
-        slot.state = ActorState.DEAD
         with contextlib.suppress(RayError, ValueError):
             ray.kill(slot.actor)  # a no-op for one already dead
-        self._by_worker.pop(worker, None)
-        if not self._stopping:
-            self._crashes += 1
+        self._slots.forget(worker)
+        if not self._slots.stopping:
             log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
-        lived = time.monotonic() - slot.ready_at if was_up else 0.0
-        stable = lived >= self._settings.pool.stable_after
-        slot.failures = 0 if stable else slot.failures + 1
-        self._signal_change()
         self._dying.append(worker)
         self._deaths.set()
-        if not self._stopping and self._settings.pool.restart:
-            slot.restarts += 1
-            self._restart_send.send_nowait(slot.index)
+        if self._settings.pool.restart:
+            self._slots.restart(slot)
 
     async def _report_deaths(self) -> None:
         """Report the dead once it is known whether their nodes are gone, and with them
@@ -357,18 +283,13 @@ class RayPool:
                 lost: set[str] = set()
                 with anyio.move_on_after(NODE_CHECK_S):  # Ray's control plane may hang
                     lost = await anyio.to_thread.run_sync(_dead_nodes, abandon_on_cancel=True)
-                up = (ActorState.STARTING, ActorState.READY, ActorState.BUSY)
-                neighbours = [s for s in self._slots if s.node in lost and s.state in up]
+                neighbours = [s for s in self._slots if s.node in lost and s.state in _PLACED]
                 for slot in neighbours:
                     self._lost(slot, slot.worker)
                 report = checked + [s.worker for s in neighbours]
                 self._dying = [w for w in self._dying if w not in report]
                 for worker in report:
                     self._events.worker_died(worker)
-
-    def _signal_change(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
 
 
 def _dead_nodes() -> set[str]:
@@ -392,4 +313,4 @@ def _check_reachable(address: str) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
-__all__ = ["ActorState", "RayPool"]
+__all__ = ["RayPool"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from gpu_pool.models import BatchModel, load_model
+from gpu_pool.models import BatchModel, load_model, uses_gpu
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
 
 
@@ -56,29 +57,42 @@ def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
     return load_model(config.model, device), device
 
 
-def run_batch(model: BatchModel, msg: Run, floor: float) -> Ok | Err:
+def run_batch(
+    model: BatchModel, msg: Run, floor: float, *,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+) -> Ok | Err:
     """Run one batch and hold the model to the contract (strings, one per input), padded to
-    at least `floor` seconds. A model's exception is an `Err`: the worker lives on. Every
-    worker, process or actor, answers through this, so all check the contract alike."""
-    start = time.monotonic()
+    at least `floor` seconds on `clock`. Whatever the model raises, `SystemExit` and
+    `KeyboardInterrupt` included, is an `Err`: the worker lives on. Every worker, process
+    or actor, answers through this, so all check the contract alike."""
+    start = clock()
     try:
         outputs = model(list(msg.inputs))
-    except Exception as exc:  # the model's own error: report it, stay alive
-        return Err(msg.batch_id, "model", type(exc).__name__, str(exc)[:500])
+    except BaseException as exc:  # sys.exit in a model must not end the worker
+        return Err(msg.batch_id, "model", type(exc).__name__, _message(exc))
     if not isinstance(outputs, list | tuple) or not all(type(o) is str for o in outputs):
         return Err(msg.batch_id, "contract", "ContractViolation", "outputs must be strings")
     if len(outputs) != len(msg.inputs):
         detail = f"{len(outputs)} outputs for {len(msg.inputs)} inputs"
         return Err(msg.batch_id, "contract", "ContractViolation", detail)
-    remaining = floor - (time.monotonic() - start)
+    remaining = floor - (clock() - start)
     if remaining > 0:
-        time.sleep(remaining)
-    return Ok(msg.batch_id, tuple(outputs), time.monotonic() - start)
+        sleep(remaining)
+    return Ok(msg.batch_id, tuple(outputs), clock() - start)
+
+
+def _message(exc: BaseException) -> str:
+    """The error's text, cut short; a placeholder when its own `str()` raises."""
+    try:
+        return str(exc)[:500]
+    except BaseException:  # a user's __str__ may raise anything
+        return "(the error's message failed)"
 
 
 def _prepare_torch(config: WorkerConfig) -> str:
-    """Pick the device and split CPU threads; import torch only for models that need it."""
-    if config.model == "sim":
+    """Pick the device and split CPU threads; import torch only for models that want a GPU
+    (the others leave the worker light)."""
+    if not uses_gpu(config.model):
         return "cpu"
     try:
         import torch

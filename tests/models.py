@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 
@@ -47,3 +48,29 @@ def hang_on_marker(inputs: list[str]) -> list[str]:
 def short_by_one(inputs: list[str]) -> list[str]:
     """Break the contract: one output too few."""
     return [s[::-1] for s in inputs][1:]
+
+
+def exits(inputs: list[str]) -> list[str]:
+    """A careless model: calls sys.exit on an input that says EXIT."""
+    if any("EXIT" in s for s in inputs):
+        sys.exit(3)
+    return [s[::-1] for s in inputs]
+
+
+def interrupts(inputs: list[str]) -> list[str]:
+    """Raises KeyboardInterrupt on an input that says INTERRUPT."""
+    if any("INTERRUPT" in s for s in inputs):
+        raise KeyboardInterrupt
+    return [s[::-1] for s in inputs]
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot say what it is")
+
+
+def bad_message(inputs: list[str]) -> list[str]:
+    """Raises an exception whose str() itself raises, on an input that says BAD."""
+    if any("BAD" in s for s in inputs):
+        raise _Unprintable
+    return [s[::-1] for s in inputs]

@@ -14,7 +14,18 @@ from typing import Any
 import anyio
 import pytest
 
-from gpu_pool import BatchId, Err, Ok, PoolSettings, Ready, Run, Stop, WorkerId, WorkerPool
+from gpu_pool import (
+    Backoff,
+    BatchId,
+    Err,
+    Ok,
+    PoolSettings,
+    Ready,
+    Run,
+    Stop,
+    WorkerId,
+    WorkerPool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -141,10 +152,10 @@ async def test_stop_leaves_no_worker_process_behind() -> None:
             os.kill(pid, 0)
 
 
-def test_restart_backoff_doubles_and_is_capped() -> None:
-    s = PoolSettings(model="sim", workers=1, restart_backoff=0.5, restart_backoff_max=30.0)
-    assert [s.restart_delay(f) for f in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
-    assert s.restart_delay(50) == 30.0
+def test_the_settings_restart_times_make_the_pools_backoff() -> None:
+    s = PoolSettings(model="sim", workers=1, restart_backoff=0.5, restart_backoff_max=30.0,
+                     stable_after=60.0)
+    assert s.backoff == Backoff(first=0.5, cap=30.0, stable_after=60.0)
 
 
 async def test_a_worker_that_dies_while_loading_is_retried_with_growing_backoff() -> None:
@@ -200,6 +211,7 @@ async def test_a_restart_that_fails_is_retried_with_backoff_until_it_succeeds(
     async with running_pool("sim") as (pool, events):
         pool._ctx = PipesRunOut(pool._ctx, failures=2)  # type: ignore[assignment]
         (info,) = pool.workers()
+        assert info.pid is not None
         os.kill(info.pid, signal.SIGKILL)
         await events.wait_for(lambda: len(events.ready) == 2)  # back, after two refusals
         assert len(events.died) == 1

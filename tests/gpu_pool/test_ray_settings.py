@@ -36,8 +36,8 @@ def test_a_custom_resource_places_workers_and_a_local_ray_declares_room_for_all(
 
 def test_serve_builds_the_ray_pool_for_pool_ray() -> None:
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
-    from api.service import build_pool
-    from api.settings import Settings
+    from api.config import Settings
+    from api.door import build_pool
     from gpu_pool.ray_pool import RayPool
 
     pool = build_pool(Settings(model="sim", pool="ray", ray_worker_resources="slot"), gpus=0)

@@ -1,0 +1,53 @@
+"""Loading a model by name, in the process that runs it.
+
+A model is any callable honouring the contract `batchstring(list[str]) -> list[str]`. A
+built-in model is made by its entry's loader, a user's `module:function` is the function
+itself. This runs inside the worker, never in the parent, so torch is imported only where
+the model runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Protocol
+
+from gpu_pool.models.registry import BUILTIN_MODELS, validate_spec
+
+
+class BatchModel(Protocol):
+    """The contract: 1..100 inputs, exactly one output string per input, in order."""
+
+    def __call__(self, inputs: list[str], /) -> list[str]: ...
+
+
+def load_model(spec: str, device: str) -> BatchModel:
+    """Load the model named by `spec` on `device` ('cpu' or 'cuda').
+
+    Raises ValueError for a malformed name, ImportError or AttributeError for one that
+    names nothing, TypeError for one that names something other than a model.
+    """
+    entry = BUILTIN_MODELS.get(validate_spec(spec))
+    if entry is None:
+        return _as_model(spec, _resolve(spec))
+    loader = _resolve(entry.loader)
+    if not callable(loader):
+        raise TypeError(f"model {spec!r}: loader {entry.loader} is not callable")
+    return _as_model(spec, loader(device))
+
+
+def _resolve(target: str) -> object:
+    """The object `module:name` names, importing its module."""
+    module_name, _, name = target.partition(":")
+    obj: object = getattr(importlib.import_module(module_name), name)
+    return obj
+
+
+def _as_model(spec: str, obj: object) -> BatchModel:
+    if not callable(obj):
+        raise TypeError(f"model {spec!r} is not callable")
+    model: Callable[[list[str]], list[str]] = obj
+    return model
+
+
+__all__ = ["BatchModel", "load_model"]

@@ -1,0 +1,269 @@
+"""Slot bookkeeping shared by the process pool and the Ray pool.
+
+A pool has a fixed number of slots, each holding one worker incarnation at a time under a
+fresh `WorkerId`, so an answer from a dead incarnation is never taken for its successor's.
+What both pools keep alike lives here: the states, finding a slot by worker, counting
+crashes, when a dead slot starts again (`Backoff`), and waking `wait_ready`. How a worker
+is started, watched and killed stays in each pool.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+from anyio.abc import TaskStatus
+
+from gpu_pool.protocol import WorkerId
+from gpu_pool.seam import WorkerInfo
+
+
+class SlotState(enum.Enum):
+    PENDING = "pending"  # created, waiting for a node with room (Ray actors only)
+    STARTING = "starting"  # placed, loading its model
+    READY = "ready"
+    BUSY = "busy"
+    DEAD = "dead"
+    STOPPED = "stopped"
+
+    @property
+    def up(self) -> bool:
+        """Loaded and alive: it counts as ready, idle or not."""
+        return self in (SlotState.READY, SlotState.BUSY)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """When to start again what keeps dying: exponential and capped, so a model that
+    crashes at load cannot spin the CPU, and forgiven after a stable run, so one crash a
+    day never waits long. Pure: the caller keeps the count and measures the time."""
+
+    first: float = 0.5  # seconds before a start after one failure (or a stable run's death)
+    cap: float = 30.0  # the longest wait, however many failures
+    stable_after: float = 30.0  # up this long, a death resets the count
+
+    def __post_init__(self) -> None:
+        if min(self.first, self.cap, self.stable_after) < 0:
+            raise ValueError(f"backoff times must be >= 0, got {self}")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait before the next start after `failures` deaths in a row."""
+        return min(self.cap, self.first * 2.0 ** max(0, failures - 1))
+
+    def after_exit(self, failures: int, up_for: float) -> int:
+        """The count once an incarnation exits that was up `up_for` seconds (0 if it never
+        came up): reset after a stable run, else one failure more."""
+        return 0 if up_for >= self.stable_after else failures + 1
+
+
+@dataclass(slots=True)
+class Slot:
+    """One place for a worker: its current incarnation and the slot's history. Each pool
+    extends it with the handles it watches the incarnation through."""
+
+    index: int
+    worker: WorkerId = field(default=WorkerId(0))
+    state: SlotState = SlotState.STARTING
+    device: str = "-"
+    pid: int | None = None
+    node: str = "local"
+    batches: int = 0
+    restarts: int = 0
+    failures: int = 0  # deaths in a row, for the backoff
+    ready_at: float = 0.0  # when the incarnation came up, on the owner's clock
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(id=self.worker, slot=self.index, pid=self.pid, state=self.state.value,
+                          device=self.device, batches=self.batches, restarts=self.restarts,
+                          node=self.node)
+
+
+S = TypeVar("S", bound=Slot)
+
+
+class Slots(Generic[S]):
+    """A pool's slots and the bookkeeping around them. Called on the event loop only; the
+    clock is read only to time how long an incarnation stayed up."""
+
+    def __init__(
+        self, slots: Sequence[S], *, first: SlotState, backoff: Backoff,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`first`: the state every incarnation begins in (PENDING where it waits for room,
+        STARTING where it starts at once); a pool that never waits shows no pending count."""
+        self._slots = list(slots)
+        self._first = first
+        self.backoff = backoff
+        self._clock = clock
+        self._ids = itertools.count(1)
+        self._by_worker: dict[WorkerId, S] = {}
+        self._stopping = False
+        self._crashes = 0
+        self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
+        self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
+            len(self._slots)
+        )
+        for slot in self._slots:
+            slot.state = first
+
+    def __iter__(self) -> Iterator[S]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, index: int) -> S:
+        return self._slots[index]
+
+    def find(self, worker: WorkerId) -> S | None:
+        """The slot holding incarnation `worker`, while the pool still knows it."""
+        return self._by_worker.get(worker)
+
+    # -- an incarnation's life ---------------------------------------------------------------
+    def begin(self, slot: S) -> WorkerId:
+        """Give `slot` a new incarnation, in the first state, under a fresh id; its id."""
+        worker = WorkerId(next(self._ids))
+        slot.worker, slot.state, slot.device, slot.pid = worker, self._first, "-", None
+        self._by_worker[worker] = slot
+        return worker
+
+    def forget(self, worker: WorkerId) -> None:
+        """Nothing sent to `worker` reaches it any more."""
+        self._by_worker.pop(worker, None)
+
+    def mark_ready(self, slot: S, device: str) -> None:
+        """The incarnation loaded its model on `device`: idle, and its run starts now."""
+        slot.state, slot.device, slot.ready_at = SlotState.READY, device, self._clock()
+        self.signal_change()
+
+    def mark_answered(self, slot: S) -> None:
+        """The slot's batch came back: it is idle again."""
+        slot.state = SlotState.READY
+        slot.batches += 1
+
+    def mark_dead(self, slot: S, worker: WorkerId) -> bool:
+        """Record that incarnation `worker` of `slot` is gone: a crash unless the pool is
+        stopping, a failure for the backoff unless it ran stably. False, and nothing
+        recorded, if it is not the slot's incarnation or was already recorded."""
+        if slot.worker != worker or slot.state in (SlotState.DEAD, SlotState.STOPPED):
+            return False
+        up_for = self._clock() - slot.ready_at if slot.state.up else 0.0
+        slot.state = SlotState.DEAD
+        if not self._stopping:
+            self._crashes += 1
+        slot.failures = self.backoff.after_exit(slot.failures, up_for)
+        self.signal_change()
+        return True
+
+    # -- restarts ----------------------------------------------------------------------------
+    def restart(self, slot: S) -> None:
+        """Count a restart of `slot` and have `keep_started` start it after its backoff;
+        nothing once stopping."""
+        if self._stopping:
+            return
+        slot.restarts += 1
+        self._restart_send.send_nowait(slot.index)
+
+    async def keep_started(
+        self, start: Callable[[S], Coroutine[Any, Any, None]], *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call `start` for every slot at once, then again for each slot handed to
+        `restart`, after its backoff; never once stopping. Runs until cancelled, with
+        every `start` in flight."""
+        async with anyio.create_task_group() as tg, self._restart_recv:
+            for slot in self._slots:
+                tg.start_soon(self._start_after, start, slot, 0.0)
+            task_status.started()
+            async for index in self._restart_recv:
+                slot = self._slots[index]
+                tg.start_soon(self._start_after, start, slot, self.backoff.delay(slot.failures))
+
+    async def _start_after(
+        self, start: Callable[[S], Coroutine[Any, Any, None]], slot: S, delay: float
+    ) -> None:
+        if delay > 0:
+            await anyio.sleep(delay)
+        if not self._stopping:
+            await start(slot)
+
+    def stop(self) -> None:
+        """From now on a death is no crash and no slot restarts."""
+        self._stopping = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    # -- waiting for start-up ----------------------------------------------------------------
+    def settled(self, count: int, stuck: Collection[SlotState] = ()) -> bool:
+        """Whether `wait_ready(count)` is done: `count` slots are up, or one is and each of
+        the first `count` has come up, died or restarted once (one that crashes while
+        loading holds no one back), or is in a `stuck` state, waiting for what will not
+        come (room in a full cluster)."""
+        ready = self.ready_count()
+        if ready >= count:
+            return True
+        return ready > 0 and all(
+            s.state in (SlotState.READY, SlotState.BUSY, SlotState.DEAD) or s.restarts > 0
+            or s.state in stuck
+            for s in self._slots[:count]
+        )
+
+    def changed(self) -> anyio.Event:
+        """An event set at the next change of any slot's readiness."""
+        if self._changed is None or self._changed.is_set():
+            self._changed = anyio.Event()
+        return self._changed
+
+    def signal_change(self) -> None:
+        """Wake `wait_ready`: a worker came up, went down, or found room."""
+        if self._changed is not None:
+            self._changed.set()
+
+    # -- what the pool reports ---------------------------------------------------------------
+    def ready_count(self) -> int:
+        return sum(s.state.up for s in self._slots)
+
+    def workers(self) -> list[WorkerInfo]:
+        return [slot.info() for slot in self._slots]
+
+    def state_counts(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in SlotState
+                  if state is not SlotState.PENDING or self._first is SlotState.PENDING}
+        for slot in self._slots:
+            counts[slot.state.value] += 1
+        return counts
+
+    @property
+    def crashes(self) -> int:
+        return self._crashes
+
+
+class SlotPool(Generic[S]):
+    """The read-only half of the pool seam (`gpu_pool.seam.Pool`), answered from the
+    slots alike by every pool: each pool inherits it."""
+
+    def __init__(self, slots: Slots[S]) -> None:
+        self._slots = slots
+
+    def ready_count(self) -> int:
+        return self._slots.ready_count()
+
+    def workers(self) -> list[WorkerInfo]:
+        return self._slots.workers()
+
+    def state_counts(self) -> dict[str, int]:
+        return self._slots.state_counts()
+
+    @property
+    def crashes(self) -> int:
+        return self._slots.crashes
+
+
+__all__ = ["Backoff", "Slot", "SlotPool", "SlotState", "Slots"]
