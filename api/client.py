@@ -25,9 +25,10 @@ that mirrors its error code:
     ├── ServerError             500  internal
     │   └── ModelError               model_error, contract_violation, query_of_death
     ├── Unavailable             503  retried
-    │   ├── Overloaded               over_budget, overloaded, deadline_unreachable,
-    │   │                            queue_full, too_many_connections
-    │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down
+    │   ├── Overloaded               over_budget, deadline_unreachable, queue_full,
+    │   │                            too_many_connections
+    │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down,
+    │                                core_unavailable
     ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
     └── ConnectionFailed             no answer (refused, reset) after the retries
 """
@@ -133,10 +134,10 @@ BY_STATUS: dict[int, type[BatchgateError]] = {
 BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
     **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
-    **dict.fromkeys(("over_budget", "overloaded", "deadline_unreachable", "queue_full",
+    **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
-    **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down"),
-                    NoHealthyWorker),
+    **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down",
+                     "core_unavailable"), NoHealthyWorker),
 }
 RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 

@@ -26,14 +26,12 @@ TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
 MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window shrinks
 
-# The front door's CPU, measured on the 2-core machine of README's results (sim workers,
-# one-input requests; `python -m loadtest.bench_http --rates 1600@2 3000@4 --gateways 1 2`,
-# 84b40aa: 0.094-0.123 ms per request in a gateway, 0.098-0.121 in one process), rounded
-# up; a GPU host's cores are usually faster, so this errs on the safe side.
+# The front door's CPU per request, as README's HTTP and link benchmarks measure it on the
+# 2-core machine of its results (`loadtest.bench_http`, `loadtest.bench_link`), rounded up:
+# a GPU host's cores are usually faster, so this errs on the safe side.
 GATEWAY_CPU_MS = 0.13  # per request, in a gateway process: HTTP, JSON, keys, its link end
-# Per request in the core process of a cell (door, core, link, pool IPC): 0.046-0.057 ms
-# measured at 1,600 RPS, 0.028-0.038 at 3,000, and 0.026-0.035 at 10,000 through the link
-# alone (bench_link); it falls with load as the gateways' frames carry more jobs each.
+# Per request in the core process of a cell (door, core, link, pool IPC); it falls with load
+# as the gateways' frames carry more jobs each.
 CORE_CPU_MS = 0.05
 SINGLE_CPU_MS = 0.13  # per request when one process does it all (--gateways 1)
 CORE_CPU_MS_PER_ITEM = 0.012  # per further input of a request, in the core

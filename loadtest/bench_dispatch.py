@@ -1,6 +1,6 @@
 """Dispatch benchmark: the service's hot path without HTTP, against real `sim` workers.
 
-`api.service.Service` composes the batcher, the failover dispatcher and the worker pool
+`api.door.Service` composes the batcher, the failover dispatcher and the worker pool
 exactly as `batchgate serve` does (sim processes padded to 100 ms a batch); items go in
 through `batcher.admit`, as a request's do, on an open-loop Poisson schedule, and every
 latency runs from the item's *scheduled* arrival, so a slow dispatcher cannot hide its own
@@ -31,10 +31,9 @@ from typing import Any
 import anyio
 import orjson
 
+from api.config import DEFAULT_TIERS, Settings
+from api.door import Service
 from api.metrics import Metrics
-from api.service import Service
-from api.settings import Settings
-from api.tiers import DEFAULT_TIERS
 from batcher import BatcherStatistics, BatchgateError, Closed, Item, ItemId, Tier
 from loadtest.plan import poisson
 from loadtest.probe_results import Latency

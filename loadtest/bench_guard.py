@@ -1,5 +1,5 @@
 """What the door's limits cost per request: uvicorn's httptools protocol against the guarded
-one (`api/http_guard.py`), fed the same keep-alive requests in one process, no sockets.
+one (`api/http/protocol.py`), fed the same keep-alive requests in one process, no sockets.
 
     python -m loadtest.bench_guard [--requests 20000] [--rounds 3]
 
@@ -20,7 +20,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from api.http_guard import ConnectionLimits, guarded_protocol
+from api.http import ConnectionLimits, guarded_protocol
 
 REQUEST = (b"POST /v1/batchstring HTTP/1.1\r\nHost: 127.0.0.1:8000\r\n"
            b"Content-Type: application/json\r\nAuthorization: Bearer paid-demo-key\r\n"

@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from api.app import settle_heap
-from api.auth import Principal
-from api.door import Answered, Door, Job
-from api.link import LinkServer, _CoreConnection, run_message
+from api.cell import LinkServer
+from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings
+from api.door import build_door
+from api.gateway import run_message
+from api.gateway.remote import _CoreConnection
+from api.http import Answered, Job, settle_heap
 from api.metrics import Metrics
-from api.service import Service
-from api.settings import Settings
-from api.tiers import DEFAULT_TIERS
 from batcher import Tier
 from loadtest.plan import poisson
 from loadtest.probe_results import Latency
@@ -98,8 +97,8 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
     settings = Settings(model="sim", workers=workers, queue_capacity=10_000_000,
                         ready_timeout_s=120.0)
     metrics = Metrics()
-    service = Service(settings, metrics, tiers)
-    server = LinkServer(Door(service, metrics))
+    service, door, status = build_door(settings, KeyRing({}, frozenset(), tiers=tiers), metrics)
+    server = LinkServer(door, service.clock, status)
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as scratch:
         path = str(Path(scratch) / "link.sock")
@@ -107,7 +106,9 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
             started = asyncio.Event()
             runner = tg.create_task(service.run(task_status=_Started(started)))
             await started.wait()
-            await server.start(path)
+            listening = asyncio.Event()
+            serving = tg.create_task(server.serve(path, task_status=_Started(listening)))
+            await listening.wait()
             settle_heap()  # as the cell's core does once started
             before = service.core.statistics().batcher
             start_at = time.monotonic() + 2.0  # the generators' imports take a moment
@@ -127,6 +128,7 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
                 proc.join(timeout=10)
             server.close()
             await service.drain()
+            serving.cancel()
             runner.cancel()
     latencies = sorted(x for r in results for x in r["latencies"])
     batches = after.batches - before.batches
@@ -142,7 +144,8 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
 
 
 class _Started:
-    """A task_status for running `Service.run` under a plain asyncio TaskGroup."""
+    """A task_status for running `Service.run` and `LinkServer.serve` under a plain asyncio
+    TaskGroup."""
 
     def __init__(self, event: asyncio.Event) -> None:
         self._event = event

@@ -54,21 +54,9 @@ Run headless against a gateway on port 8000 (start one with, e.g.,
         --master --expect-workers 8 --paid-key k1,k2,k3,k4,k5,k6
     locust -f loadtest/locustfile.py --worker --master-host MASTER --processes 4  # x2 machines
 
-Measured here (2 cores shared with other work, sim model, locust 2.47, FastHttpUser, gateway
-with httptools + uvloop; figures from one machine, so the 10,000 RPS sizing is an ESTIMATE):
-  steady100 on 2 sim workers, 30 s: 2,985 requests, 0 failures, P50 140 / P95 160 / max
-    170 ms (the gateway's own mean 134 ms: 32 ms queue + 100 ms batch).
-  One locust process pinned to one core, the gateway on the other (8 sim workers): 2,000 RPS
-    held faithfully (P50 130 / P95 190 ms against a gateway mean of 124 ms), ~0.38 ms of
-    locust CPU per request; at 2,500 RPS the process is at 100% CPU and inflates its own
-    latencies (P95 410 ms, gateway mean 127 ms); asked for 3,000 it reached 2,400.
-  The gateway (one process, one event loop) spent 0.27-0.29 ms CPU per request: a ceiling
-    near 3,500 RPS per process.
-So 10,000 RPS takes at least 5 locust processes, 7-8 to stay near 1,300-1,500 RPS each (one
-core each: `--processes 8`, or 8 `--worker`s over several machines), on machines other than
-the gateway's. The gateway side is ~2.8 cores of work; one batchgate process is one event
-loop, so about 4 gateway processes/cores at ~2,500 RPS each (5 with headroom), in front of
-10-12 GPUs (DESIGN.md: 10 at the floor, plus headroom).
+Sizing: one locust process offers a few thousand requests a second at most, so 10,000 RPS
+takes several processes on machines other than the gateway's; README's "Locust and the
+capacity planner" section has the figures measured here and the sizing they give.
 
 Keys and rate limits: examples/keys.toml allows one paid key 2,000 RPS and its account
 4,000 RPS (free: 1,500 / 3,000), and those rates shrink under queue pressure. A 10,000 RPS run

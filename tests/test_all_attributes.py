@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-PACKAGES = ["batcher", "gpu_pool", "failover", "api", "gpu_pool.models"]
+PACKAGES = ["batcher", "gpu_pool", "failover", "api", "gpu_pool.models", "api.config", "api.http",
+            "api.door", "api.gateway", "api.cell"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -10,8 +10,7 @@ import anyio
 import uvicorn
 from starlette.types import ASGIApp
 
-from api.direct import DirectRoute
-from api.http_guard import ConnectionLimits, guarded_protocol
+from api.http import ConnectionLimits, DirectRoute, guarded_protocol
 
 
 @asynccontextmanager

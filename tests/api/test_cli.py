@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from api.cli import build_parser, main, refuse_public_demo_keys, settings_from
-from api.settings import Settings
+from api.config import Settings
+from api.door import hang_settings, latency_floor
 
 BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
 
@@ -18,13 +19,14 @@ def test_defaults_are_the_documented_ones() -> None:
     s = settings([])
     assert (s.host, s.port, s.model, s.max_batch, s.max_wait_ms) == (
         "127.0.0.1", 8000, "minilm", 100, 50.0)
-    assert s.latency_floor == 0.0 and s.hang.kill_after is None  # learned
-    assert s.hang.hedge and s.hang.hedge_floor == 0.5
+    hang = hang_settings(s)
+    assert latency_floor(s) == 0.0 and hang.kill_after is None  # learned
+    assert hang.hedge and hang.hedge_floor == 0.5
 
 
 def test_sim_pads_batches_to_100_ms() -> None:
-    s = settings(["--model", "sim"])
-    assert s.latency_floor == 0.1
+    assert latency_floor(settings(["--model", "sim"])) == 0.1
+    assert latency_floor(settings(["--model", "sim", "--batch-latency-ms", "20"])) == 0.02
 
 
 def test_environment_variables_set_flags_and_flags_win() -> None:

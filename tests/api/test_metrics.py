@@ -5,6 +5,8 @@ value of a cell's process) does not deadlock the process."""
 from __future__ import annotations
 
 import gc
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from api.metrics import Metrics
+from api.metrics import REFUSALS, Metrics
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).parents[2]
@@ -25,7 +27,7 @@ import asyncio, gc, sys
 from pathlib import Path
 from api.cell import multiprocess_metrics
 multiprocess_metrics(Path(sys.argv[1]))
-from api.metrics import Metrics
+from api.metrics import REFUSALS, Metrics
 
 async def main() -> None:
     metrics = Metrics(multiprocess=True)
@@ -77,3 +79,65 @@ async def test_a_scrape_observes_the_pauses_noted_before_it() -> None:
         assert f'{PAUSES}{{generation="2"}} 1.0' in metrics.render().decode()
     finally:
         unwatch()
+
+
+def test_every_labelled_series_the_dashboard_queries_exists_from_start_up() -> None:
+    """Prometheus' "avoid missing metrics": a series that first appears with its first event
+    reads as no data, and `rate()` never sees that first increase."""
+    lines = Metrics().render().decode().splitlines()
+    for wanted in ('batchgate_rejected_total{reason="over_budget",tier="free"} 0.0',
+                   'batchgate_rejected_total{reason="rate_limited",tier="paid"} 0.0',
+                   'batchgate_requests_total{code="200",tier="paid"} 0.0',
+                   'batchgate_requests_total{code="503",tier="free"} 0.0',
+                   'batchgate_request_duration_seconds_count{tier="free"} 0.0',
+                   'batchgate_queue_wait_seconds_count{tier="paid"} 0.0',
+                   'batchgate_gc_pause_seconds_count{generation="0"} 0.0'):
+        assert wanted in lines
+
+
+def test_every_series_of_its_own_the_dashboard_queries_is_there_before_any_event() -> None:
+    """The counters and histograms the dashboard reads, not the gauges read at scrape time."""
+    dashboard = json.loads((ROOT / "examples/grafana/batchgate.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    wanted = {name for e in exprs for name in re.findall(r"\bbatchgate_[a-z0-9_]+", e)}
+    families = list(Metrics().registry.collect())
+    own = {w for w in wanted for f in families if w == f.name or w.startswith(f.name + "_")}
+    present = {sample.name for f in families for sample in f.samples}
+    assert len(own) >= 10 and own - present == set()
+
+
+def test_every_refusal_of_every_tier_is_a_series() -> None:
+    lines = Metrics().render().decode().splitlines()
+    rejected = {line for line in lines if line.startswith("batchgate_rejected_total{")}
+    assert len(rejected) == 2 * len(REFUSALS)
+    assert {"over_budget", "queue_full", "rate_limited", "no_healthy_worker"} <= set(REFUSALS)
+
+
+def test_a_cell_renders_each_series_once_whatever_its_processes(tmp_path: Path) -> None:
+    """Every process of a cell writes its zeros into its own file; the core sums them."""
+    def run(role: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", CELL_ZEROS, str(tmp_path), role],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    run("gateway")
+    lines = run("core")
+    assert 'batchgate_rejected_total{reason="over_budget",tier="free"} 0.0' in lines
+    assert 'batchgate_requests_total{code="200",tier="paid"} 2.0' in lines
+    assert len(lines) == len(set(lines))
+
+
+# A gateway's process, then the core's, in one cell's folder: the core renders both.
+CELL_ZEROS = """
+import sys
+from pathlib import Path
+from api.cell import multiprocess_metrics
+multiprocess_metrics(Path(sys.argv[1]))
+from api.metrics import Metrics
+
+metrics = Metrics(multiprocess=sys.argv[2] == "core")
+metrics.request_done("paid", 200, 0.1)
+if sys.argv[2] == "core":
+    print(metrics.render().decode())
+"""

@@ -1,0 +1,188 @@
+"""Every knob of the service in one frozen record, validated with a readable message.
+
+The record is also the one definition of `batchgate serve`'s flags: each field's metadata
+holds its help text (and, where the type alone is not enough, its parser and how to show
+its default), and `api/config.py` derives the flags, the `BATCHGATE_*` variables and the
+README's table from it, so the three can no longer drift. Built once, at the edge; packages
+below `api/` receive the parts they need and never read the environment.
+
+A gateway process holds these settings too, so this module loads neither the dispatch core
+nor the pool: the model spec and the Ray resources are checked where the core is built
+(`api.door.service.check_core_settings`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batcher import MAX_BATCH
+
+ACCESS_LOG_FORMATS = ("off", "json")
+POOLS = ("process", "ray")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def parse_gateways(text: str) -> int:
+    """A count, or `auto`: one gateway per core beyond the one the core process keeps."""
+    if text.strip().lower() == "auto":
+        return max(1, (os.cpu_count() or 1) - 1)
+    return int(text)
+
+
+def doc(
+    help: str, *, parse: Callable[[str], Any] | None = None, shown: str | None = None,
+    secret: bool = False,
+) -> dict[str, Any]:
+    """A field's metadata, what its flag needs: `help`, a `parse`r when the annotation's
+    type is not enough, `shown` for a default that is computed, `secret` to mask it."""
+    return {"help": help, "parse": parse, "shown": shown, "secret": secret}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = field(default="127.0.0.1", metadata=doc("address to bind"))
+    port: int = field(default=8000, metadata=doc("port to bind"))
+    model: str = field(default="minilm", metadata=doc(
+        "minilm (the real model), sim (100 ms a batch, no CPU, reverses each input), "
+        "or module:function naming any batchstring"))
+    workers: int = field(default=1, metadata=doc(
+        "workers, one per GPU: processes on this host (pinned with CUDA_VISIBLE_DEVICES; on "
+        "the CPU the cores are split among them), or with --pool ray actors in the cluster"))
+    gateways: int = field(default=1, metadata=doc(
+        "HTTP gateway processes in front of one core, or auto (1: a single process)",
+        parse=parse_gateways))
+    gpus: int | None = field(default=None, metadata=doc(
+        "CUDA devices to use; 0 runs on the CPU", shown="all torch sees"))
+    pool: str = field(default="process", metadata=doc(
+        "process (a worker process per GPU of this host) or ray (a Ray actor per GPU "
+        "anywhere in a Ray cluster; needs batchgate[ray])"))
+    ray_address: str | None = field(default=None, metadata=doc(
+        "the Ray cluster to join with --pool ray: its head's address, head-node:6379",
+        shown="RAY_ADDRESS, else a local Ray started and stopped with the server"))
+    ray_worker_resources: str = field(default="GPU=1", metadata=doc(
+        "what each Ray worker holds, NAME[=AMOUNT],...: on a CPU-only cluster a custom "
+        "resource its nodes declare, one unit per worker slot"))
+    max_batch: int = field(default=MAX_BATCH, metadata=doc(
+        "items per batch (never above the contract's 100)"))
+    max_wait_ms: float = field(default=50.0, metadata=doc(
+        "the longest an item waits for a fuller batch while a worker is free"))
+    idle_trigger: bool = field(default=True, metadata=doc(
+        "flush at once while more than one worker is idle"))
+    keys: Path | None = field(default=None, metadata=doc(
+        "TOML keys file: keys -> tier and account, admin keys, per-tier limits",
+        shown="none"))
+    admin_key: str | None = field(default=None, metadata=doc(
+        "one more key allowed on /admin/*", shown="none", secret=True))
+    batch_latency_ms: float | None = field(default=None, metadata=doc(
+        "pad every batch to at least this long (emulates the GPU's fixed latency)",
+        shown="the model's own (100 for sim), else 0"))
+    drain_delay_s: float = field(default=5.0, metadata=doc(
+        "on SIGTERM: /readyz turns 503 at once, and the server keeps accepting and serving "
+        "this long before it stops (a second signal skips it)"))
+    max_attempts: int = field(default=12, metadata=doc(
+        "deaths of an item's worker, isolation included, then 503 worker_crashed"))
+    hedge_after_ms: float = field(default=500.0, metadata=doc(
+        "a batch running past max(this, 3 x the recent P99 batch time scaled by its input "
+        "size) is re-run at once on another worker, the first answer wins (0: never)"))
+    hang_timeout_ms: float | None = field(default=None, metadata=doc(
+        "a batch running longer gets its worker killed (and is re-run if no hedge answered)",
+        shown="max(5 s, 20 x the recent P99 batch time scaled by its input size); 60 s "
+              "until 16 batches have run"))
+    restart: bool = field(default=True, metadata=doc(
+        "restart dead workers (exponential backoff from 0.5 s to 30 s)"))
+    ready_timeout_s: float = field(default=300.0, metadata=doc(
+        "how long a worker may take to load its model"))
+    queue_capacity: int = field(default=20_000, metadata=doc(
+        "hard cap on queued items per tier: the memory bound"))
+    max_request_timeout_ms: float = field(default=60_000.0, metadata=doc(
+        "cap on X-Request-Timeout-Ms"))
+    max_body_bytes: int = field(default=1_048_576, metadata=doc("request body limit in bytes"))
+    max_input_chars: int = field(default=10_000, metadata=doc("characters per input string"))
+    max_inputs: int = field(default=MAX_BATCH, metadata=doc("strings per request in `inputs`"))
+    max_connections: int = field(default=4096, metadata=doc(
+        "open connections per HTTP process; one more is answered 503 too_many_connections "
+        "and closed"))
+    head_timeout_s: float = field(default=10.0, metadata=doc(
+        "to send a request's head, from connecting (or the previous answer): then 408, or a "
+        "quiet close if nothing came"))
+    body_timeout_s: float = field(default=30.0, metadata=doc(
+        "to send the body once the head is in: then 408"))
+    max_header_bytes: int = field(default=16_384, metadata=doc(
+        "request line and headers, in bytes: 431 beyond"))
+    max_headers: int = field(default=100, metadata=doc("headers per request: 431 beyond"))
+    idempotency_ttl_s: float = field(default=86_400.0, metadata=doc(
+        "how long idempotent answers are kept"))
+    idempotency_max_entries: int = field(default=100_000, metadata=doc(
+        "how many idempotent answers are kept"))
+    idempotency_max_bytes: int = field(default=256 << 20, metadata=doc(
+        "memory the kept idempotent answers may take, in bytes"))
+    idempotency_account_share: float = field(default=0.25, metadata=doc(
+        "share of either bound one account may hold: one account cannot evict the rest"))
+    access_log: str = field(default="off", metadata=doc(
+        "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
+    log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
+        _check(self.workers >= 1, f"workers must be at least 1, got {self.workers}")
+        _check(self.pool in POOLS, f"pool must be process or ray, got {self.pool!r}")
+        _check(self.gpus is None or self.gpus >= 0, f"gpus must be >= 0, got {self.gpus}")
+        _check(1 <= self.gateways <= 64, f"gateways must be within 1..64, got {self.gateways}")
+        _check(
+            1 <= self.max_batch <= MAX_BATCH,
+            f"max-batch must be within 1..{MAX_BATCH} (the contract's limit), "
+            f"got {self.max_batch}",
+        )
+        _check(self.max_wait_ms >= 0, f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        _check(
+            self.batch_latency_ms is None or self.batch_latency_ms >= 0,
+            "batch-latency-ms must be >= 0",
+        )
+        _check(self.max_attempts >= 1, "max-attempts must be at least 1")
+        _check(self.drain_delay_s >= 0, "drain-delay-s must be >= 0")
+        _check(
+            self.hang_timeout_ms is None or self.hang_timeout_ms > 0,
+            "hang-timeout-ms must be > 0",
+        )
+        _check(self.hedge_after_ms >= 0, "hedge-after-ms must be >= 0")
+        _check(self.queue_capacity >= 1, "queue-capacity must be at least 1")
+        _check(self.max_request_timeout_ms > 0, "max-request-timeout-ms must be > 0")
+        _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
+        _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")
+        _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")
+        _check(self.max_connections >= 1, "max-connections must be at least 1")
+        _check(self.head_timeout_s > 0 and self.body_timeout_s > 0,
+               "head-timeout-s and body-timeout-s must be > 0")
+        _check(self.max_header_bytes >= 1024, "max-header-bytes must be at least 1024")
+        _check(self.max_headers >= 8, "max-headers must be at least 8")
+        _check(self.idempotency_ttl_s > 0, "idempotency-ttl-s must be > 0")
+        _check(self.idempotency_max_entries >= 1, "idempotency-max-entries must be >= 1")
+        _check(self.idempotency_max_bytes >= 1, "idempotency-max-bytes must be >= 1")
+        _check(0 < self.idempotency_account_share <= 1,
+               "idempotency-account-share must be in (0, 1]")
+        _check(self.access_log in ACCESS_LOG_FORMATS,
+               f"access-log must be off or json, got {self.access_log!r}")
+        _check(self.log_level in LOG_LEVELS,
+               f"log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        _check(self.keys is None or self.keys.is_file(), f"keys file {self.keys} not found")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+__all__ = ["Settings", "doc", "parse_bool", "parse_gateways"]

@@ -1,0 +1,56 @@
+"""The core's side of the front door: the door (rate limits, admission, the wait, answers),
+the keyed path, the service that builds and runs the dispatch core, the status views, the
+direct way's local route, and the single process's composition root.
+
+It loads the dispatch core (`failover`, `gpu_pool`); a gateway never imports it.
+"""
+
+from api.door.app import (
+    EXIT_CORE_FAILED,
+    Built,
+    CoreParts,
+    build,
+    build_door,
+    create_app,
+    supervised,
+)
+from api.door.door import Core, Door
+from api.door.keyed import KeyedPath, is_kept
+from api.door.limits import RateLimiter, TokenBucket, pressure_factor
+from api.door.local import LocalCore, LocalRoute
+from api.door.service import (
+    Service,
+    build_pool,
+    check_core_settings,
+    core_settings,
+    hang_settings,
+    latency_floor,
+)
+from api.door.status import Running, StatusView
+
+__all__ = [
+    "EXIT_CORE_FAILED",
+    "Built",
+    "Core",
+    "CoreParts",
+    "Door",
+    "KeyedPath",
+    "LocalCore",
+    "LocalRoute",
+    "RateLimiter",
+    "Running",
+    "Service",
+    "StatusView",
+    "TokenBucket",
+    "build",
+    "build_door",
+    "build_pool",
+    "check_core_settings",
+    "core_settings",
+    "create_app",
+    "hang_settings",
+    "is_kept",
+    "latency_floor",
+    "pressure_factor",
+    "supervised",
+]

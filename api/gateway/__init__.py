@@ -1,0 +1,47 @@
+"""A cell's gateway process: HTTP, JSON and keys, with every job sent over the link to the
+core process. It loads the config, errors, http and metrics rooms, and none of the core's
+packages (`failover`, `gpu_pool`): a test holds it to that.
+
+Offers the link's frames (which the core's end in `api.cell` speaks too), the gateway's end
+(`RemoteCore`, `RemoteRoute`) and the process's entry point.
+"""
+
+from api.gateway.frames import (
+    GATEWAY_BUSY_RATE,
+    GATEWAY_FRAME_SPACING_S,
+    Framed,
+    Message,
+    outcome_message,
+    outcome_of,
+    run_message,
+)
+from api.gateway.main import gateway_main
+from api.gateway.remote import (
+    BACKSTOP_MARGIN_S,
+    CALL_TIMEOUT_S,
+    Receiver,
+    RemoteCore,
+    RemoteRoute,
+    client_closed,
+    unavailable,
+    unresponsive,
+)
+
+__all__ = [
+    "BACKSTOP_MARGIN_S",
+    "CALL_TIMEOUT_S",
+    "GATEWAY_BUSY_RATE",
+    "GATEWAY_FRAME_SPACING_S",
+    "Framed",
+    "Message",
+    "Receiver",
+    "RemoteCore",
+    "RemoteRoute",
+    "client_closed",
+    "gateway_main",
+    "outcome_message",
+    "outcome_of",
+    "run_message",
+    "unavailable",
+    "unresponsive",
+]

@@ -1,0 +1,62 @@
+"""The link's messages between a gateway and the core process over a Unix socket.
+
+Both ends speak `batcher.Framed` (coalescing: what a side sends during one event-loop turn
+is one frame, so a batch of 100 answers leaves the core as one write, not 100); this module
+holds what the frames carry.
+
+Messages are tuples of plain values (`run_message`, `outcome_message`): unpickling a
+dataclass calls back into Python for every object, and that cost the core process more
+per job than admitting it. Nothing that crosses names a class of the core's packages, so a
+gateway unpickles without loading them.
+
+Gateway -> core: ("run", rid, tier, account, key, texts, single, timeout, idempotency),
+("cancel", rid), ("call", rid, name).
+Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts) for an `Answered`,
+("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a call's
+value, ("error", rid, message) for a call that failed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.http import Answered, Job, Outcome, Rendered
+from batcher import Framed
+
+GATEWAY_FRAME_SPACING_S = 0.005
+GATEWAY_BUSY_RATE = 1000.0
+"""A gateway sending more than `GATEWAY_BUSY_RATE` messages a second to the core spaces
+its frames `GATEWAY_FRAME_SPACING_S` apart. Every frame wakes the core, and a wake-up with
+its frame's bookkeeping costs the core about as much CPU as admitting several jobs: at
+thousands of requests a second a gateway would send a frame of one or two jobs every loop
+turn. Spaced, the frames carry more jobs each, for at most the spacing in latency; below
+the rate, where the core has CPU to spare, nothing waits."""
+
+Message = tuple[Any, ...]
+
+
+def run_message(rid: int, job: Job) -> Message:
+    p = job.principal
+    return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single, job.timeout,
+            job.idempotency)
+
+
+def outcome_message(rid: int, outcome: Outcome) -> Message:
+    if isinstance(outcome, Answered):
+        return ("ok", rid, outcome.outputs, outcome.waits, outcome.batch, outcome.batch_ids,
+                outcome.attempts)
+    return ("no", rid, outcome.status, outcome.body, outcome.headers)
+
+
+def outcome_of(message: Message) -> Any:
+    """The value a core -> gateway message carries: an `Outcome`, or a call's value."""
+    kind = message[0]
+    if kind == "ok":
+        return Answered(*message[2:])
+    if kind == "no":
+        return Rendered(*message[2:])
+    return message[2]
+
+
+__all__ = ["GATEWAY_BUSY_RATE", "GATEWAY_FRAME_SPACING_S", "Framed", "Message",
+           "outcome_message", "outcome_of", "run_message"]

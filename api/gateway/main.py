@@ -1,0 +1,67 @@
+"""One gateway process of a cell: uvicorn on the shared socket, jobs sent to the core.
+
+Spawned by the cell (`api.cell`). It parses HTTP and JSON, authenticates and validates, and
+sends each job over its link (`api.gateway.remote`); the hot route's plain requests take the
+direct way, as in a single process. It holds no shared state and loads none of the core's
+packages. When the link closes the core is gone, and the gateway exits at once: a gateway
+without its core can only refuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+
+from api.config import Settings, load_keys
+from api.gateway.remote import RemoteCore, RemoteRoute
+from api.http import Routes, on_sighup, served, server_config, settle_and_time
+from api.metrics import Metrics
+
+log = logging.getLogger("batchgate.gateway")
+
+
+def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) -> None:
+    """Entry point of a gateway process."""
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the core process owns shutdown
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the lifespan reloads keys on it
+    metrics = Metrics()
+    keys = load_keys(settings.keys, settings.admin_key)
+    server: uvicorn.Server | None = None
+
+    def core_lost() -> None:
+        log.error("the link to the core closed; exiting")
+        if server is not None:
+            server.should_exit = server.force_exit = True
+
+    core = RemoteCore(link, core_lost)
+    routes = Routes(core, settings, keys, metrics, gateway=slot)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reloading = on_sighup(routes.reload_keys)  # the core process forwards its SIGHUP
+        unwatch: Callable[[], None] | None = None
+        try:
+            await core.connect()
+            unwatch = settle_and_time(metrics)
+            yield
+        finally:
+            reloading()
+            if unwatch is not None:
+                unwatch()
+
+    app, direct = served(routes, lifespan, lambda: RemoteRoute(routes, core))
+    server = uvicorn.Server(server_config(app, settings, direct))
+    server.run(sockets=[sock])
+
+
+__all__ = ["gateway_main"]

@@ -1,0 +1,135 @@
+"""The HTTP side of the front door: the protocol and its limits, the direct way's HTTP half,
+the ASGI routes, request parsing, the jobs a route hands the core and what comes back,
+OpenAPI, the access log, draining, and the uvicorn server built in one place.
+
+It never imports the door or the cell (a test holds it to that): what it needs of the core
+is a `CoreView` and a `DirectRoute` subclass, given to it by whoever builds the server.
+"""
+
+from api.http.access_log import (
+    AccessLog,
+    Served,
+    hot,
+)
+from api.http.app import (
+    GC_THRESHOLDS,
+    Lifespan,
+    http_app,
+    on_sighup,
+    served,
+    server_config,
+    settle_and_time,
+    settle_heap,
+)
+from api.http.collation import (
+    CONNECTION,
+    QUIET,
+    ClientWatch,
+    Collation,
+    Deadlines,
+    PendingRequest,
+    ReceiveWatch,
+    TurnEnds,
+)
+from api.http.direct import (
+    Connection,
+    DirectCall,
+    DirectRoute,
+)
+from api.http.draining import (
+    DrainingServer,
+)
+from api.http.fastpath import (
+    HOT_PATH,
+    HttpCall,
+    JsonAnswer,
+    RawCall,
+    header_map,
+    with_fast_path,
+)
+from api.http.jobs import (
+    Answered,
+    Job,
+    Outcome,
+    Rendered,
+    answer_body,
+    answer_id,
+    rendered,
+)
+from api.http.openapi import (
+    document,
+    openapi_routes,
+)
+from api.http.parsing import (
+    MIN_TIMEOUT_MS,
+    Limits,
+    ParsedRequest,
+    parse_body,
+    parse_timeout,
+)
+from api.http.protocol import (
+    HOT_URL,
+    ConnectionLimits,
+    Departure,
+    GuardedHttpProtocol,
+    guarded_protocol,
+)
+from api.http.routes import (
+    CoreView,
+    Routes,
+    render,
+)
+
+__all__ = [
+    "CONNECTION",
+    "GC_THRESHOLDS",
+    "HOT_PATH",
+    "HOT_URL",
+    "MIN_TIMEOUT_MS",
+    "QUIET",
+    "AccessLog",
+    "Answered",
+    "ClientWatch",
+    "Collation",
+    "Connection",
+    "ConnectionLimits",
+    "CoreView",
+    "Deadlines",
+    "Departure",
+    "DirectCall",
+    "DirectRoute",
+    "DrainingServer",
+    "GuardedHttpProtocol",
+    "HttpCall",
+    "Job",
+    "JsonAnswer",
+    "Lifespan",
+    "Limits",
+    "Outcome",
+    "ParsedRequest",
+    "PendingRequest",
+    "RawCall",
+    "ReceiveWatch",
+    "Rendered",
+    "Routes",
+    "Served",
+    "TurnEnds",
+    "answer_body",
+    "answer_id",
+    "document",
+    "guarded_protocol",
+    "header_map",
+    "hot",
+    "http_app",
+    "on_sighup",
+    "openapi_routes",
+    "parse_body",
+    "parse_timeout",
+    "render",
+    "rendered",
+    "served",
+    "server_config",
+    "settle_and_time",
+    "settle_heap",
+    "with_fast_path",
+]

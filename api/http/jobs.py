@@ -1,0 +1,70 @@
+"""What a route hands the core and what it gets back: the contract between the HTTP side
+and the core's door, in process and across a cell's link alike."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import orjson
+
+from api.config import Principal
+from api.errors import ApiError, error_body
+
+
+class Job(NamedTuple):
+    """One validated request, as the core sees it. The values that cross the link are
+    named tuples: a frozen dataclass's `__init__` costs several times as much, and the core
+    makes one per job."""
+
+    principal: Principal
+    texts: list[str]
+    single: bool  # {"input": s} rather than {"inputs": [...]}
+    timeout: float  # seconds
+    idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
+
+
+class Answered(NamedTuple):
+    """The outputs, in order; the HTTP side renders them."""
+
+    outputs: list[str]
+    waits: tuple[float, ...]  # seconds each item waited in its queue
+    batch: float  # seconds from the first item's dispatch to the answer
+    batch_ids: tuple[int, ...] = ()  # the batches that answered it
+    attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
+
+    @property
+    def queue(self) -> float:
+        """Seconds the slowest item waited in its queue."""
+        return max(self.waits)
+
+
+class Rendered(NamedTuple):
+    """A finished HTTP answer: a refusal, an error, or an idempotent (stored) answer."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+Outcome = Answered | Rendered
+
+
+def answer_id() -> str:
+    return os.urandom(8).hex()
+
+
+def answer_body(outputs: list[str], single: bool, rid: str | None = None) -> bytes:
+    """The body of an answer the core ran, under `rid` (a new id if none is given)."""
+    rid = rid or answer_id()
+    if single:
+        return orjson.dumps({"id": rid, "output": outputs[0]})
+    return orjson.dumps({"id": rid, "outputs": outputs})
+
+
+def rendered(err: ApiError) -> Rendered:
+    """An error as the answer its client gets."""
+    return Rendered(err.status, error_body(err.code, err.message), tuple(err.headers.items()))
+
+
+__all__ = ["Answered", "Job", "Outcome", "Rendered", "answer_body", "answer_id", "rendered"]

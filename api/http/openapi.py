@@ -1,0 +1,272 @@
+"""The OpenAPI 3.1 document of the HTTP surface, built from what the server enforces.
+
+Nothing here is written twice: the request schema's limits come from the running
+settings (the same `Limits` that `parse_body` applies), the error codes per status from
+`api/errors.ERRORS`, the worker record from `WORKER_FIELDS` (held to `WorkerInfo` by a
+test). A test sends every example through `parse_body`, and schemathesis holds the live
+server to the document.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from api.errors import ERRORS
+from api.http.parsing import MIN_TIMEOUT_MS, Limits
+from api.http.routes import MAX_IDEMPOTENCY_KEY
+
+JsonObject = dict[str, Any]
+ERROR_REF = "#/components/schemas/Error"
+JSON = "application/json"
+
+REQUEST_EXAMPLES: dict[str, JsonObject] = {
+    "one": {"summary": "one input", "value": {"input": "The striker scored twice"}},
+    "many": {"summary": "several inputs, answered in order",
+             "value": {"inputs": ["Heavy rain is forecast", "Shares fell sharply"]}},
+}
+ANSWER_EXAMPLES: dict[str, JsonObject] = {
+    "one": {"value": {"id": "3159b9d8d7ae4279", "output": "sports"}},
+    "many": {"value": {"id": "f2572be43b88a77a", "outputs": ["weather", "business"]}},
+}
+
+
+def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
+    """The whole document for a server that enforces `limits`."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "batchgate", "version": version,
+                 "description": "Fixed-batch dispatch and collation for GPU inference: each "
+                                "request's inputs ride in batches of at most 100 and it gets "
+                                "exactly its own outputs back."},
+        "paths": {
+            "/v1/batchstring": {"post": _batchstring()},
+            "/healthz": {"get": _get("the process is alive", _object({"status": _str()}))},
+            "/readyz": {"get": _readyz()},
+            "/metrics": {"get": _metrics()},
+            "/admin/workers": {"get": _admin_workers()},
+            "/openapi.json": {"get": _get("this document", {"type": "object"})},
+            "/docs": {"get": _docs()},
+        },
+        "components": {
+            "schemas": {"Request": _request(limits), "Answer": _answer(),
+                        "Error": _error(sorted(ERRORS)), "Worker": _worker()},
+            "securitySchemes": {
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "an API key from the keys file: its tier and account"},
+                "adminKey": {"type": "http", "scheme": "bearer",
+                             "description": "an admin key (keys file or BATCHGATE_ADMIN_KEY)"},
+            },
+            "headers": {
+                "Server-Timing": {"required": True, "schema": _str(),
+                                  "description": "queue;dur=<ms>, batch;dur=<ms> on an "
+                                                 "answer; total;dur=<ms> on errors and replays"},
+                "Retry-After": {"required": True, "schema": {"type": "string",
+                                                             "pattern": "^[0-9]+$"},
+                                "description": "whole seconds to wait before retrying"},
+                "Idempotent-Replayed": {"schema": {"type": "string", "enum": ["true"]},
+                                        "description": "the answer was stored or joined"},
+            },
+        },
+    }
+
+
+def docs_page(doc: JsonObject) -> str:
+    """The document as a plain HTML page: no script, nothing fetched from the network."""
+    out = [f"<!doctype html><meta charset=utf-8><title>batchgate API</title>"
+           f"<h1>{escape(doc['info']['title'])} {escape(doc['info']['version'])}</h1>"
+           f"<p>{escape(doc['info']['description'])} The machine-readable document is at "
+           f"<a href=/openapi.json>/openapi.json</a>.</p>"]
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            out.append(f"<h2><code>{method.upper()} {escape(path)}</code></h2>"
+                       f"<p>{escape(op.get('summary', ''))}</p><ul>")
+            for param in op.get("parameters", []):
+                out.append(f"<li>header <code>{escape(param['name'])}</code>: "
+                           f"{escape(param['description'])}</li>")
+            for status, response in op["responses"].items():
+                out.append(f"<li><b>{status}</b> {escape(response['description'])}</li>")
+            out.append("</ul>")
+    return "".join(out)
+
+
+def openapi_routes(limits: Limits) -> list[Route]:
+    """`GET /openapi.json` and `GET /docs`, built once."""
+    doc = document(limits)
+    body, page = orjson.dumps(doc), docs_page(doc)
+
+    async def openapi(request: Request) -> Response:
+        return Response(body, media_type=JSON)
+
+    async def docs(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    return [Route("/openapi.json", openapi, methods=["GET"]),
+            Route("/docs", docs, methods=["GET"])]
+
+
+def _batchstring() -> JsonObject:
+    statuses = sorted({e.status for e in ERRORS.values()} - {404, 405})
+    responses: JsonObject = {"200": {
+        "description": "every input's output, in order",
+        "headers": {"Server-Timing": _header_ref("Server-Timing"),
+                    "Idempotent-Replayed": _header_ref("Idempotent-Replayed")},
+        "content": {JSON: {"schema": {"$ref": "#/components/schemas/Answer"},
+                           "examples": ANSWER_EXAMPLES}}}}
+    for status in statuses:
+        responses[str(status)] = _error_response(status)
+    return {
+        "operationId": "batchstring",
+        "summary": "Run the model on one input or up to --max-inputs inputs",
+        "security": [{"apiKey": []}, {}],
+        "parameters": [
+            {"name": "Idempotency-Key", "in": "header", "required": False,
+             "description": "the same key with the same body runs the model once per account "
+                            "and replays the answer; with another body, 422",
+             "schema": {"type": "string", "minLength": 1,
+                        "maxLength": MAX_IDEMPOTENCY_KEY}},
+            {"name": "X-Request-Timeout-Ms", "in": "header", "required": False,
+             "description": "deadline in milliseconds (default: the tier's; capped by "
+                            "--max-request-timeout-ms)",
+             "schema": {"type": "number", "minimum": MIN_TIMEOUT_MS}},
+        ],
+        "requestBody": {"required": True, "content": {JSON: {
+            "schema": {"$ref": "#/components/schemas/Request"},
+            "examples": REQUEST_EXAMPLES}}},
+        "responses": responses,
+    }
+
+
+def _error_response(status: int) -> JsonObject:
+    codes = {c: e for c, e in ERRORS.items() if e.status == status}
+    headers = {"Server-Timing": _header_ref("Server-Timing"),
+               "Idempotent-Replayed": _header_ref("Idempotent-Replayed")}
+    if status in (429, 503):
+        headers["Retry-After"] = _header_ref("Retry-After")
+    return {
+        "description": "; ".join(f"`{c}`: {e.when}" for c, e in codes.items()),
+        "headers": headers,
+        "content": {JSON: {
+            "schema": {"allOf": [{"$ref": ERROR_REF}, _object({"error": _object(
+                {"code": {"type": "string", "enum": list(codes)}, "message": _str()})})]},
+            "examples": {c: {"value": {"error": {"code": c, "message": e.when}}}
+                         for c, e in codes.items()}}},
+    }
+
+
+def _request(limits: Limits) -> JsonObject:
+    text = {"type": "string", "maxLength": limits.max_input_chars}
+    model = {"type": "string", "enum": [limits.model],
+             "description": "must name the served model"}
+    return {
+        "description": f"exactly one of input and inputs; the body is at most "
+                     f"{limits.max_body_bytes} bytes",
+        "oneOf": [
+            _object({"input": text, "model": model}, ["input"], exclude="inputs"),
+            _object({"inputs": {"type": "array", "items": text, "minItems": 1,
+                                "maxItems": limits.max_inputs}, "model": model},
+                    ["inputs"], exclude="input"),
+        ],
+    }
+
+
+def _answer() -> JsonObject:
+    return {"oneOf": [_object({"id": _str(), "output": _str()}, ["id", "output"]),
+                      _object({"id": _str(), "outputs": {"type": "array", "items": _str()}},
+                              ["id", "outputs"])]}
+
+
+def _error(codes: list[str]) -> JsonObject:
+    return _object({"error": _object({"code": {"type": "string", "enum": codes},
+                                      "message": _str()}, ["code", "message"])}, ["error"])
+
+
+WORKER_FIELDS: dict[str, type | tuple[type, None]] = {
+    "id": int, "slot": int, "pid": (int, None), "state": str, "device": str, "batches": int,
+    "restarts": int, "node": str,
+}
+"""`gpu_pool.WorkerInfo` as `/admin/workers` shows it, written out: a gateway serves this
+document without loading the pool. A test holds it to the dataclass's fields."""
+WORKER_STATES = ["pending", "starting", "ready", "busy", "dead", "stopped"]
+# "pending": a Ray actor waiting for a node with room (`--pool ray`)
+
+
+def _worker() -> JsonObject:
+    kinds = {int: "integer", str: "string"}
+    props: JsonObject = {}
+    for name, kind in WORKER_FIELDS.items():
+        if isinstance(kind, tuple):  # X | None
+            props[name] = {"type": [kinds[kind[0]], "null"]}
+        else:
+            props[name] = _str() if kind is str else {"type": kinds[kind]}
+    props["state"]["enum"] = WORKER_STATES
+    return _object(props, list(WORKER_FIELDS))
+
+
+def _readyz() -> JsonObject:
+    body = _object({"ready": {"type": "boolean"}, "workers_ready": {"type": "integer"},
+                    "draining": {"type": "boolean"}}, ["ready", "workers_ready", "draining"])
+    ok = _get("at least one worker is ready and the server is not draining", body)
+    ok["responses"]["503"] = {"description": "no worker ready, or draining",
+                              "content": {JSON: {"schema": body}}}
+    return ok
+
+
+def _metrics() -> JsonObject:
+    return {"summary": "Prometheus text format",
+            "responses": {"200": {"description": "every batchgate_* metric",
+                                  "content": {"text/plain": {"schema": _str()}}}}}
+
+
+def _docs() -> JsonObject:
+    return {"summary": "this document as a page (no script, no network)",
+            "responses": {"200": {"description": "HTML",
+                                  "content": {"text/html": {"schema": _str()}}}}}
+
+
+def _admin_workers() -> JsonObject:
+    gateway = _object({"slot": {"type": "integer"}, "pid": {"type": ["integer", "null"]},
+                       "state": {"type": "string", "enum": ["running", "stopped"]},
+                       "restarts": {"type": "integer"}}, ["slot", "pid", "state", "restarts"])
+    body = _object({"workers": {"type": "array",
+                                "items": {"$ref": "#/components/schemas/Worker"}},
+                    "gateways": {"type": "array", "items": gateway,
+                                 "description": "the HTTP gateway processes (--gateways K); "
+                                                "empty in a single process"}},
+                   ["workers", "gateways"])
+    out = _get("each worker of the pool, and each gateway process", body)
+    out["security"] = [{"adminKey": []}]
+    out["responses"]["401"] = {"description": "no admin key",
+                               "content": {JSON: {"schema": {"$ref": ERROR_REF}}}}
+    return out
+
+
+def _get(what: str, schema: JsonObject) -> JsonObject:
+    return {"summary": what, "responses": {"200": {"description": what, "content": {
+        JSON: {"schema": schema}}}}}
+
+
+def _object(props: JsonObject, required: list[str] | None = None,
+            exclude: str | None = None) -> JsonObject:
+    out: JsonObject = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    if exclude:
+        out["not"] = {"required": [exclude]}
+    return out
+
+
+def _str() -> JsonObject:
+    return {"type": "string"}
+
+
+def _header_ref(name: str) -> JsonObject:
+    return {"$ref": f"#/components/headers/{name}"}
+
+
+__all__ = ["ANSWER_EXAMPLES", "REQUEST_EXAMPLES", "docs_page", "document", "openapi_routes"]

@@ -1,0 +1,289 @@
+"""uvicorn's HTTP protocol with the limits a public port needs.
+
+Left alone, an idle socket, a head sent one byte every 2 s and a body sent one byte every
+2 s were all still open after 20 s, and a 16 MB header and 20,000 headers were read whole.
+Each connection here is held to:
+
+- `max_connections` open at once per process: one more is answered 503
+  `too_many_connections` and closed before anything is read from it;
+- `head_timeout` to deliver a request's head, counted from the connection's opening (or the
+  previous request's end): an idle connection is closed quietly, a half-sent head gets 408
+  `request_timeout`; between requests uvicorn's keep-alive timeout applies as before;
+- `body_timeout` to deliver the body once the head is in: 408 `request_timeout`, and the
+  handler waiting for the body sees the client gone;
+- `max_header_bytes` of head (request line and headers) and `max_headers` headers: 431
+  `headers_too_large`, counted as bytes arrive, so an oversized head is never buffered.
+
+Each refusal is a JSON error with `Connection: close`, written by the protocol itself.
+
+It also hands each request its connection in the scope (`api.http.CONNECTION`): a
+handler awaiting an answer hears from the connection itself that the client hung up, with
+no task waiting on `receive()` for it.
+
+Given a `DirectRoute`, it serves the hot route's plain requests itself (`api.http.direct`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from api.config import Settings
+from api.errors import ERRORS, error_body
+from api.http.collation import CONNECTION
+from api.http.direct import DirectCall, DirectRoute
+from api.http.fastpath import HOT_PATH
+
+log = logging.getLogger("batchgate.http")
+
+LINGER_S = 2.0  # after a refusal, how long what the client still sends is read and dropped
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_connections: int = 4096
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_header_bytes: int = 16_384
+    max_headers: int = 100
+
+    @classmethod
+    def of(cls, settings: Settings) -> ConnectionLimits:
+        return cls(max_connections=settings.max_connections,
+                   head_timeout=settings.head_timeout_s, body_timeout=settings.body_timeout_s,
+                   max_header_bytes=settings.max_header_bytes, max_headers=settings.max_headers)
+
+
+class _HeadersTooLarge(Exception):
+    """Raised from a parser callback to stop parsing; the 431 is already written."""
+
+
+HOT_URL = HOT_PATH.encode()  # as the request line carries it: no query string
+
+
+def guarded_protocol(
+    limits: ConnectionLimits, direct: DirectRoute | None = None
+) -> type[HttpToolsProtocol]:
+    """uvicorn's `http=` protocol class holding every connection to `limits`, and serving
+    the hot route's plain requests through `direct` if given."""
+
+    class Guarded(GuardedHttpProtocol):
+        LIMITS = limits
+        DIRECT = direct
+
+    return Guarded
+
+
+class Departure:
+    """A connection's `ClientWatch`. One request at a time waits on it: uvicorn runs a
+    pipelined request once the one before it is answered. (Its own `receive()` marks only
+    the newest request disconnected, so a handler whose request had a pipelined successor
+    never heard its client go.) It holds no reference to the protocol, so the scopes that
+    hold it leave no reference cycle behind."""
+
+    __slots__ = ("_gone", "_leave")
+
+    def __init__(self) -> None:
+        self._gone = False
+        self._leave: Callable[[], object] | None = None
+
+    def watch(self, leave: Callable[[], object]) -> None:
+        if self._gone:
+            leave()
+        else:
+            self._leave = leave
+
+    def unwatch(self) -> None:
+        self._leave = None
+
+    def lost(self) -> None:
+        self._gone = True
+        leave, self._leave = self._leave, None
+        if leave is not None:
+            leave()
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    LIMITS = ConnectionLimits()
+    DIRECT: DirectRoute | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_head = True  # the next bytes are (part of) a request's head
+        self._head_bytes = 0  # raw bytes received since the head began
+        self._refused = False
+        self._departure = Departure()
+
+    # A request whose head and body arrive in one read, the usual case, arms no timer: the
+    # checks run once per read and once per head, and cost about a microsecond a request.
+
+    # -- the connection --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.LIMITS.max_connections:
+            log.warning("refused a connection: %d open", len(self.connections) - 1)
+            self._refuse("too_many_connections",
+                         "the server holds as many connections as it takes; retry shortly",
+                         retry_after=1)
+            return
+        self._arm(self.LIMITS.head_timeout, self._head_timed_out)  # until the first head
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+        self._departure.lost()
+        call: object = self.cycle
+        if type(call) is DirectCall:
+            # A direct call refers to its connection: left in place, the pair (and the
+            # transport, parser and buffers they hold) would wait for the collector, ~25
+            # objects per closed connection. A call still in the core keeps what it needs.
+            self.cycle = None  # type: ignore[assignment]  # as before the first request
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._refused or self._timer is not None:
+            return
+        if self._in_head:
+            if self._head_bytes > self.LIMITS.max_header_bytes:
+                # No whole head yet, so every byte counted is head (httptools buffers it).
+                self._too_large(f"the request head is over {self.LIMITS.max_header_bytes} "
+                                "bytes")
+            elif self._head_bytes:  # a head begun and not finished
+                self._arm(self.LIMITS.head_timeout, self._head_timed_out)
+        elif self.cycle is not None and self.cycle.more_body:  # a body begun and not finished
+            self._arm(self.LIMITS.body_timeout, self._body_timed_out)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # a refusal stopped the parser: its answer is already out
+            super().send_400_response(msg)
+
+    # -- parser callbacks ------------------------------------------------------------------
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        limits = self.LIMITS
+        if len(self.headers) > limits.max_headers:
+            self._too_large(f"the request has more than {limits.max_headers} headers")
+            raise _HeadersTooLarge
+        if self._head_bytes > limits.max_header_bytes and len(self.url) + sum(
+                len(name) + len(value) + 4 for name, value in self.headers
+        ) > limits.max_header_bytes:  # the read held more than the head: measure the head
+            self._too_large(f"the request head is over {limits.max_header_bytes} bytes")
+            raise _HeadersTooLarge
+        self._in_head, self._head_bytes = False, 0
+        direct = self.DIRECT
+        if direct is not None and self.url == HOT_URL \
+                and (self.cycle is None or self.cycle.response_complete) \
+                and self.parser.get_method() == b"POST" \
+                and self.parser.get_http_version() == "1.1":
+            # Not pipelined behind an unanswered request: that one may take ASGI's way,
+            # and uvicorn queues what comes after it.
+            call = direct.call(self, self.headers, self.parser.should_keep_alive())
+            if call is not None:
+                self.cycle = call  # type: ignore[assignment]  # stands in for the cycle
+                return
+        super().on_headers_complete()
+        # The request's own scope, not yet seen by its task; a key of batchgate's own.
+        cast("dict[str, Any]", self.scope)[CONNECTION] = self._departure
+
+    def on_body(self, body: bytes) -> None:
+        call: object = self.cycle
+        if type(call) is not DirectCall:
+            super().on_body(body)
+        elif not call.response_complete:  # within the declared length, itself in the limit
+            call.body += body
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head = True
+        call: object = self.cycle
+        if type(call) is not DirectCall:
+            super().on_message_complete()
+        elif not call.response_complete:
+            call.more_body = False
+            call.route.start(call)
+
+    # -- what a direct call needs of its connection ---------------------------------------
+    @property
+    def departure(self) -> Departure:
+        return self._departure
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.server_state.default_headers
+
+    # -- timers ------------------------------------------------------------------------------
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._head_bytes == 0:  # idle: nothing to answer
+            self.transport.close()
+            return
+        self._refuse("request_timeout",
+                     f"the request head did not arrive within {self.LIMITS.head_timeout:g} s")
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None or cycle.response_started:
+            return
+        cycle.disconnected = True  # the handler waiting for the body sees the client gone
+        cycle.message_event.set()
+        self._refuse("request_timeout",
+                     f"the request body did not arrive within {self.LIMITS.body_timeout:g} s")
+
+    # -- refusals ----------------------------------------------------------------------------
+    def _too_large(self, message: str) -> None:
+        if not self._refused:
+            self._refuse("headers_too_large", message)
+
+    def _refuse(self, code: str, message: str, retry_after: int | None = None) -> None:
+        self._refused = True
+        self._disarm()
+        body = error_body(code, message)
+        status = ERRORS[code].status
+        head = [b"HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase.encode()),
+                b"content-type: application/json",
+                b"content-length: %d" % len(body), b"connection: close"]
+        if retry_after is not None:
+            head.append(b"retry-after: %d" % retry_after)
+        if not self.transport.is_closing():
+            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+            self._linger()
+
+    def _linger(self) -> None:
+        """Close after the answer without losing it. Closing a socket with unread input makes
+        the kernel send a reset, and a client still sending (a slow body) then lost the
+        answer it had not read yet: seen with two test runs sharing the cores. So half-close,
+        drop what still arrives, and close when the client does or after `LINGER_S`, as
+        servers' lingering close does."""
+        transport = self.transport
+        if transport.can_write_eof():
+            transport.write_eof()
+            self._timer = self.loop.call_later(LINGER_S, transport.close)
+        else:
+            transport.close()
+
+
+__all__ = ["HOT_URL", "ConnectionLimits", "Departure", "GuardedHttpProtocol",
+           "guarded_protocol"]

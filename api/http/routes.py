@@ -1,0 +1,191 @@
+"""HTTP handlers: parse, authenticate and validate, then hand the job to the core's door and
+render what it answers. None ever touches a worker, and none decides anything global (rate
+limits, idempotency, admission): the door does, in process or across the link."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.config import KeyRing, Principal, Settings, load_keys
+from api.errors import ApiError, KeysFileError, error_response, to_api_error
+from api.http.access_log import AccessLog, hot
+from api.http.collation import QUIET, ClientWatch
+from api.http.fastpath import HttpCall, JsonAnswer
+from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id
+from api.http.parsing import Limits, parse_body, parse_timeout
+from api.metrics import Metrics
+
+log = logging.getLogger("batchgate.api")
+
+JSON = "application/json"
+MAX_IDEMPOTENCY_KEY = 255
+
+
+class CoreView(Protocol):
+    """What the routes need of the core: its door, and what the other endpoints show.
+    `api.door.LocalCore` serves it in process; `api.gateway.RemoteCore` across the link."""
+
+    async def run(self, job: Job, client: ClientWatch) -> Outcome: ...
+
+    async def ready(self) -> dict[str, object]: ...
+
+    async def workers(self) -> list[dict[str, Any]]: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+    async def gateways(self) -> list[dict[str, Any]]: ...
+
+
+class Routes:
+    def __init__(self, core: CoreView, settings: Settings, keys: KeyRing,
+                 metrics: Metrics, gateway: int | None = None) -> None:
+        self.core = core
+        self.gateway = gateway  # this gateway's slot in a cell
+        self.settings = settings
+        self.keys = keys
+        self.metrics = metrics
+        # Both ways to the hot route hand it a record of each answer (`served` gives it to
+        # the direct way); None: the log is off.
+        self.access_log = AccessLog.of(settings)
+        s = settings
+        self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
+
+    def reload_keys(self) -> None:
+        """SIGHUP: read the keys file again. A file that fails to load leaves the keys as
+        they were (and says why in the log); tier limits keep their start-up values."""
+        try:
+            self.keys = load_keys(self.settings.keys, self.settings.admin_key)
+        except KeysFileError as exc:
+            log.error("keys not reloaded: %s", exc)
+            return
+        log.info("keys reloaded from %s: %d keys", self.settings.keys, len(self.keys.keys))
+
+    async def batchstring(self, request: HttpCall) -> Response:
+        started = time.perf_counter()
+        tier = "unknown"
+        waits: tuple[float, ...] = ()
+        principal: Principal | None = None
+        outcome: Outcome | None = None
+        rid = code = None
+        try:
+            principal = self.keys.identify(request.headers.get("authorization"))
+            tier = principal.tier.label
+            job = await self._job(request, principal)
+            outcome = await self.core.run(job, request)
+            if isinstance(outcome, Answered):
+                waits = outcome.waits
+            response, rid = render(outcome, job.single)
+        except Exception as exc:  # translated at the boundary, never a traceback
+            err = to_api_error(exc)
+            response, code = error_response(err.code, err.message, err.headers), err.code
+        elapsed = time.perf_counter() - started
+        if not isinstance(response, JsonAnswer):  # errors and replays: the total only
+            response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
+        self.record_later(tier, response.status_code, elapsed, waits)
+        if self.access_log is not None:
+            self.access_log.put(hot(principal, elapsed, outcome, rid, code))
+        return response
+
+    def _record(self, tier: str, status: int, elapsed: float,
+                waits: tuple[float, ...]) -> None:
+        self.metrics.request_done(tier, status, elapsed)
+        if waits:
+            self.metrics.queue_waited(tier, waits)
+
+    async def _job(self, request: HttpCall, principal: Principal) -> Job:
+        key = self.check_head(principal, request.headers)
+        body = await _read_body(request, self.limits.max_body_bytes)
+        return self.job_of(principal, request.headers, body, key)
+
+    def check_head(self, principal: Principal, headers: Mapping[str, str]) -> str | None:
+        """What the headers alone decide; returns the Idempotency-Key, if any."""
+        key = headers.get("idempotency-key")
+        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+            raise ApiError("invalid_idempotency_key",
+                           f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
+        if key is not None and principal.key is None:  # anonymous callers share no scope
+            raise ApiError("idempotency_needs_key",
+                           "Idempotency-Key needs an API key: answers are kept per account")
+        kind = headers.get("content-type")
+        if kind is not None and kind.partition(";")[0].strip().lower() != JSON:
+            # text/plain and forms are what a web page may post cross-site without a
+            # preflight. No header at all is taken as JSON (curl -d sends a form type).
+            raise ApiError("unsupported_media_type", "the body must be application/json")
+        return key
+
+    def job_of(self, principal: Principal, headers: Mapping[str, str], body: bytes,
+               key: str | None) -> Job:
+        """The job of a request whose head passed `check_head` and whose body is read."""
+        parsed = parse_body(body, self.limits)
+        timeout = parse_timeout(
+            headers.get("x-request-timeout-ms"),
+            self.keys.tiers[principal.tier].timeout_ms / 1000,
+            self.settings.max_request_timeout_ms / 1000,
+        )
+        idempotency = None if key is None else (key, hashlib.sha256(body).digest())
+        return Job(principal, parsed.texts, parsed.single, timeout, idempotency)
+
+    def record_later(self, tier: str, status: int, elapsed: float,
+                     waits: tuple[float, ...]) -> None:
+        """Counted once every answer woken with this one is written: a batch's hundred
+        answers wake together, and each one's bookkeeping would delay the next."""
+        asyncio.get_running_loop().call_soon(
+            self._record, tier, status, elapsed, waits, context=QUIET)
+
+    async def healthz(self, request: Request) -> Response:
+        body: dict[str, object] = {"status": "ok"}
+        if self.gateway is not None:
+            body["gateway"] = self.gateway
+        return Response(orjson.dumps(body), media_type=JSON)
+
+    async def readyz(self, request: Request) -> Response:
+        body = await self.core.ready()
+        return Response(orjson.dumps(body), status_code=200 if body["ready"] else 503,
+                        media_type=JSON)
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(await self.core.metrics_text(), media_type="text/plain; version=0.0.4")
+
+    async def admin_workers(self, request: Request) -> Response:
+        if not self.keys.is_admin(request.headers.get("authorization")):
+            return error_response("unauthorized", "an admin key is required")
+        workers = await self.core.workers()
+        body = {"workers": workers, "gateways": await self.core.gateways()}
+        return Response(orjson.dumps(body), media_type=JSON)
+
+
+def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
+    """The answer to `outcome`, and the id it gives an answer the core ran (the access log
+    writes it); a rendered outcome's body is the door's, as it is."""
+    if isinstance(outcome, Answered):
+        timing = f"queue;dur={outcome.queue * 1000:.1f}, batch;dur={outcome.batch * 1000:.1f}"
+        rid = answer_id()
+        return JsonAnswer(answer_body(outcome.outputs, single, rid), timing), rid
+    return Response(outcome.body, status_code=outcome.status, media_type=JSON,
+                    headers=dict(outcome.headers)), None
+
+
+async def _read_body(request: HttpCall, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError("body_too_large", f"the body is limited to {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError("body_too_large", f"the body is limited to {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+__all__ = ["CoreView", "Routes", "render"]
