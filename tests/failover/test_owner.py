@@ -33,7 +33,8 @@ from failover import (
     build_core,
 )
 from failover.hang import MIN_SAMPLES
-from gpu_pool import Ok, PoolEvents, Run, WorkerId, WorkerInfo
+from gpu_pool import Ok, PoolEvents, Run, WorkerId
+from tests.fake_pools import ReportsWorkers
 from tests.virtual import run_virtual
 
 LATENCY = 0.1
@@ -51,7 +52,7 @@ class Call:
     texts: tuple[str, ...] = ()
 
 
-class FakePool:
+class FakePool(ReportsWorkers):
     """`gpu_pool.Pool` in virtual time: one batch at a time per worker, `LATENCY` each."""
 
     def __init__(self, size: int, log: list[Call], clock: LoopClock) -> None:
@@ -112,18 +113,8 @@ class FakePool:
         self._wedged.add(worker)
 
     # -- reading -----------------------------------------------------------------------------
-    def ready_count(self) -> int:
-        return len(self._alive)
-
-    def workers(self) -> list[WorkerInfo]:
-        return [
-            WorkerInfo(w, w, None, "ready" if s is None else "busy", "cpu", 0, 0)
-            for w, s in self._alive.items()
-        ]
-
-    def state_counts(self) -> dict[str, int]:
-        busy = sum(1 for s in self._alive.values() if s is not None)
-        return {"ready": len(self._alive) - busy, "busy": busy}
+    def holding(self) -> dict[WorkerId, anyio.CancelScope | None]:
+        return self._alive
 
     @property
     def crashes(self) -> int:

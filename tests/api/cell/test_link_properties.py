@@ -44,7 +44,8 @@ from api.gateway.remote import _CoreConnection
 from api.http import Answered, Job, Outcome, Rendered, Routes, http_app
 from api.metrics import Metrics
 from batcher import Tier
-from gpu_pool import Err, Ok, PoolEvents, Run, WorkerId, WorkerInfo
+from gpu_pool import Err, Ok, PoolEvents, Run, WorkerId
+from tests.fake_pools import ReportsWorkers
 
 ROOMY = 1e9
 LONG_S, SHORT_S = 30.0, 0.03
@@ -72,7 +73,7 @@ def tiers() -> dict[Tier, TierPolicy]:
     return {Tier.PAID: paid, Tier.FREE: free}
 
 
-class HeldPool:
+class HeldPool(ReportsWorkers):
     """`gpu_pool.Pool` whose workers hold each batch until `reply_all` (or, once `auto`,
     answer it in the next loop turn); each answers its inputs reversed and raises on a batch
     holding "boom". A worker that dies is replaced at once."""
@@ -118,16 +119,8 @@ class HeldPool:
         if busy:
             self._die(busy[0])
 
-    def ready_count(self) -> int:
-        return len(self.held)
-
-    def workers(self) -> list[WorkerInfo]:
-        return [WorkerInfo(w, w, None, "ready" if run is None else "busy", "cpu", 0, 0)
-                for w, run in self.held.items()]
-
-    def state_counts(self) -> dict[str, int]:
-        busy = sum(run is not None for run in self.held.values())
-        return {"ready": len(self.held) - busy, "busy": busy}
+    def holding(self) -> dict[WorkerId, Run | None]:
+        return self.held
 
     @property
     def crashes(self) -> int:

@@ -16,10 +16,11 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from api.http import Collation
 from batcher import BatchgateError, Item
-from gpu_pool import Ok, PoolEvents, Run, WorkerId, WorkerInfo
+from gpu_pool import Ok, PoolEvents, Run, WorkerId
+from tests.fake_pools import ReportsWorkers
 
 
-class FakePool:
+class FakePool(ReportsWorkers):
     """`gpu_pool.Pool`: `size` workers, each running one batch at a time for `latency`
     seconds and answering every input reversed. `hold()` keeps every batch running until
     `release()` (a busy GPU); with `up=False` no worker starts until `bring_up()` (a slow
@@ -91,16 +92,8 @@ class FakePool:
             self._held.set()
             self._held = None
 
-    def ready_count(self) -> int:
-        return len(self._busy)
-
-    def workers(self) -> list[WorkerInfo]:
-        return [WorkerInfo(w, w, None, "busy" if busy else "ready", "cpu", 0, 0)
-                for w, busy in self._busy.items()]
-
-    def state_counts(self) -> dict[str, int]:
-        busy = sum(self._busy.values())
-        return {"ready": len(self._busy) - busy, "busy": busy}
+    def holding(self) -> dict[WorkerId, bool | None]:
+        return {w: True if busy else None for w, busy in self._busy.items()}
 
     @property
     def crashes(self) -> int:

@@ -1,0 +1,26 @@
+"""What every fake pool of the tests reports of its workers, the `gpu_pool.Pool` reading
+half: from which workers are alive and which of them hold a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpu_pool import WorkerId, WorkerInfo
+
+
+class ReportsWorkers:
+    """Mixed into a fake pool that says, in `holding()`, each live worker's batch or None."""
+
+    def holding(self) -> Mapping[WorkerId, object]:
+        raise NotImplementedError
+
+    def ready_count(self) -> int:
+        return len(self.holding())
+
+    def workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo(w, w, None, "ready" if held is None else "busy", "cpu", 0, 0)
+                for w, held in self.holding().items()]
+
+    def state_counts(self) -> dict[str, int]:
+        busy = sum(held is not None for held in self.holding().values())
+        return {"ready": len(self.holding()) - busy, "busy": busy}
