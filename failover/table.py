@@ -13,6 +13,11 @@ Hedging: a batch running far past what batches have taken lately (`failover/hang
 re-run on another worker while the first keeps running. An item may then be in two
 batches: the first answer settles it (`Item.done`), and a failure of one batch touches only
 the items no other batch still carries (`Item.flights`).
+
+Judging a failure: a failed run convicts only when every member it ran with is still this
+table's to judge. A member withdrawn meanwhile (its client left, its deadline passed) may
+have been the culprit, so the survivors run again together, a fresh isolation; an input is
+a query of death only once it crashed a worker run alone.
 """
 
 from __future__ import annotations
@@ -193,8 +198,12 @@ class InFlightTable:
         """Fail only the items that fail alone. Halve while the lineage's budget lasts (one
         poison input among 100 costs ~14 runs); past it, run what is left one by one, so
         that many poison inputs cost at most one run per input and never an innocent's
-        answer."""
+        answer. A run that lost a member meanwhile proves nothing: its survivors run
+        again, together."""
         items = self._orphans(batch)
+        if items and len(items) < len(batch.items):
+            self._rerun(items)
+            return Actions()
         if len(items) <= 1:
             self._model_errors += len(items)
             return Actions(deliver=_settled([(i, error) for i in items]))
@@ -213,6 +222,12 @@ class InFlightTable:
             groups = [[item] for item in items]
         self._bisect_runs += len(groups)
         self._groups.extend((group, lineage) for group in groups)
+
+    def _rerun(self, items: list[Item]) -> None:
+        """Queue the survivors of a run that lost a member as one group, a fresh isolation.
+        Each such re-run holds fewer items than the run before it: bounded."""
+        self._bisect_runs += 1
+        self._groups.append((items, _Lineage(self._bisect_budget)))
 
     def _take(self, worker: WorkerId, batch_id: BatchId) -> InFlight | None:
         """Close a batch if (worker, batch_id) is the live dispatch; None if stale."""
@@ -246,20 +261,23 @@ class InFlightTable:
         batch = self._landed(self._batches.pop(batch_id))
         actions = Actions()
         items = self._orphans(batch)
+        alone = len(batch.items) == 1  # only a crash alone convicts (and quarantines)
         suspects: list[Item] = []
         for item in items:
             item.attempts += 1
             if item.attempts >= self._max_attempts:
                 crashed = WorkerCrashed(f"the item's worker died {item.attempts} times")
                 actions.deliver.append((item, crashed))
-            elif item.attempts >= 2 and len(items) == 1:
+            elif item.attempts >= 2 and alone:
                 killer = QueryOfDeath("run alone, this input killed its worker")
                 actions.deliver.append((item, killer))
             elif item.attempts >= 2:
                 suspects.append(item)
             else:
                 actions.retry.append(item)
-        if suspects:
+        if suspects and len(items) < len(batch.items):
+            self._rerun(suspects)  # a member left meanwhile: it may have been the killer
+        elif suspects:
             # Died twice: the batch may hold a query of death. Halve it (then halve again)
             # until the input that kills a worker runs alone; the rest are answered.
             self._split(suspects, batch.lineage or _Lineage(self._bisect_budget))

@@ -50,6 +50,13 @@ def short_by_one(inputs: list[str]) -> list[str]:
     return [s[::-1] for s in inputs][1:]
 
 
+def slow_poison(inputs: list[str]) -> list[str]:
+    """`poison` that takes 0.3 s to raise: long enough for a client to leave mid-batch."""
+    if any("POISON" in s for s in inputs):
+        time.sleep(0.3)
+    return poison(inputs)
+
+
 def exits(inputs: list[str]) -> list[str]:
     """A careless model: calls sys.exit on an input that says EXIT."""
     if any("EXIT" in s for s in inputs):

@@ -364,3 +364,21 @@ def test_next_deadline_is_the_oldest_items_max_wait_with_a_worker_idle() -> None
     assert len(m.m.flights) == 1 and m.core.next_deadline() == MAX_WAIT + HEDGE
     m.advance(MAX_WAIT + HEDGE)
     assert m.core.next_deadline() == MAX_WAIT + HANG
+
+
+def test_a_killer_that_leaves_mid_batch_gets_no_innocent_quarantined() -> None:
+    m = CoreMachine()
+    m.worker_up()
+    m.admit(Tier.FREE, 1, 5.0)  # r:0 kills its worker
+    m.admit(Tier.PAID, 1, 5.0)  # r:1 is innocent
+    m.advance(MAX_WAIT)  # one batch of both
+    m.died(next(iter(m.m.flights)))
+    m.worker_up()  # the retry lane runs both again at once
+    m.cancel(_Draw(m.requests[0]))  # the killer's client leaves
+    m.died(next(iter(m.m.flights)))
+    m.worker_up()
+    (worker,) = m.m.flights  # the innocent runs again, alone
+    m.reply(_Draw(worker), "ok")
+    assert m.m.settled[1] == ["r:1"[::-1]]
+    again = Item(ItemId(99), "r:1", Tier.PAID, m.now, m.now + 5.0, m)
+    m.core.admit([again], 5.0, m.now)  # not refused on sight

@@ -352,3 +352,61 @@ class TableMachine(RuleBasedStateMachine):
 
 
 TestTableMachine = TableMachine.TestCase
+
+
+def test_a_culprit_that_leaves_mid_batch_gets_no_batch_mate_blamed() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    poison, innocent = make_items(sink, 0, 2)
+    d = table.assign([poison, innocent], now=0.0)
+    poison.cancelled = True  # its client left while the batch ran
+    failed = table.on_error(d.worker, d.batch_id, ModelError("ValueError", "poison"))
+    assert failed.deliver == []  # one member is missing: the failure convicts nobody
+    again = table.next_group(now=0.0)
+    assert again is not None and again.texts == (innocent.text,)
+    answer(table, again)
+    assert sink.got == {innocent.id: [innocent.text[::-1]]}
+
+
+
+def test_a_failure_with_every_member_present_still_convicts_the_last_one() -> None:
+    sink, table = Sink(), InFlightTable()
+    table.worker_up(WorkerId(1))
+    left, culprit = make_items(sink, 0, 2)
+    left.cancelled = True  # left before the run: it never ran
+    d = table.assign([culprit], now=0.0)
+    failed = table.on_error(d.worker, d.batch_id, ModelError("ValueError", "poison"))
+    assert [(i, type(r)) for i, r in failed.deliver] == [(culprit, ModelError)]
+
+
+
+def test_a_killer_that_leaves_mid_batch_gets_no_batch_mate_quarantined() -> None:
+    sink, table = Sink(), InFlightTable()
+    killer, innocent = make_items(sink, 0, 2)
+    for w in (1, 2):  # crashes once, is re-run together, and its client leaves meanwhile
+        table.worker_up(WorkerId(w))
+        table.assign([killer, innocent], now=0.0)
+        killer.cancelled = w == 2
+        died = table.on_worker_died(WorkerId(w))
+    assert died.deliver == [] and died.retry == []
+    table.worker_up(WorkerId(3))
+    alone = table.next_group(now=0.0)  # the survivor runs again, alone: it is answered
+    assert alone is not None and alone.texts == (innocent.text,)
+    assert answer(table, alone) == [(innocent, innocent.text[::-1])]
+
+
+
+def test_an_input_is_a_query_of_death_only_once_it_crashed_alone() -> None:
+    sink, table = Sink(), InFlightTable()
+    a, b = make_items(sink, 0, 2)
+    b.attempts = 1  # crashed once already, with other inputs
+    table.worker_up(WorkerId(1))
+    table.assign([a, b], now=0.0)
+    a.done = True  # answered meanwhile by a copy of its batch
+    died = table.on_worker_died(WorkerId(1))
+    assert died.deliver == []  # not alone in that run: run it again alone first
+    table.worker_up(WorkerId(2))
+    alone = table.next_group(now=0.0)
+    assert alone is not None and alone.texts == (b.text,)
+    (killed,) = table.on_worker_died(alone.worker).deliver
+    assert killed[0] is b and isinstance(killed[1], QueryOfDeath)
