@@ -129,11 +129,13 @@ def _batchstring() -> JsonObject:
              "description": "the same key with the same body runs the model once per account "
                             "and replays the answer; with another body, 422",
              "schema": {"type": "string", "minLength": 1,
-                        "maxLength": MAX_IDEMPOTENCY_KEY}},
+                        "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[!-~]+$"}},
             {"name": "X-Request-Timeout-Ms", "in": "header", "required": False,
-             "description": "deadline in milliseconds (default: the tier's; capped by "
+             "description": "deadline in milliseconds, digits with at most one dot, at "
+                            f"least {MIN_TIMEOUT_MS} (default: the tier's; capped by "
                             "--max-request-timeout-ms)",
-             "schema": {"type": "number", "minimum": MIN_TIMEOUT_MS}},
+             # the pattern's "at least 1" is MIN_TIMEOUT_MS
+             "schema": {"type": "string", "pattern": r"^0*[1-9][0-9]*(\.[0-9]*)?$"}},
         ],
         "requestBody": {"required": True, "content": {JSON: {
             "schema": {"$ref": "#/components/schemas/Request"},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -65,17 +66,20 @@ def _check_length(text: str, limits: Limits) -> None:
 
 
 MIN_TIMEOUT_MS = 1
+# ASCII digits and at most one dot: float() also takes "5_0", "inf", "1e3" and " 50 ".
+TIMEOUT_MS = re.compile(r"[0-9]+\.?[0-9]*|\.[0-9]+")
 
 
 def parse_timeout(header: str | None, default: float, maximum: float) -> float:
     """Seconds from X-Request-Timeout-Ms, defaulted and capped; 400 if unreadable."""
     if header is None:
         return default
-    try:
-        ms = float(header)
-    except ValueError:
-        raise ApiError("invalid_timeout", "X-Request-Timeout-Ms must be a number") from None
-    if not ms >= MIN_TIMEOUT_MS:  # also NaN; a deadline of 5e-324 ms could only time out
+    if TIMEOUT_MS.fullmatch(header) is None:
+        raise ApiError("invalid_timeout",
+                       "X-Request-Timeout-Ms must be a number of milliseconds: digits and "
+                       "at most one dot")
+    ms = float(header)
+    if not ms >= MIN_TIMEOUT_MS:  # a deadline of 0.0001 ms could only time out
         raise ApiError("invalid_timeout",
                        f"X-Request-Timeout-Ms must be at least {MIN_TIMEOUT_MS}")
     return min(ms / 1000, maximum)

@@ -12,7 +12,11 @@ Each connection here is held to:
 - `body_timeout` to deliver the body once the head is in: 408 `request_timeout`, and the
   handler waiting for the body sees the client gone;
 - `max_header_bytes` of head (request line and headers) and `max_headers` headers: 431
-  `headers_too_large`, counted as bytes arrive, so an oversized head is never buffered.
+  `headers_too_large`, counted as bytes arrive, so an oversized head is never buffered;
+- well-formed HTTP/1.1: what the parser rejects (a repeated Content-Length, one beside
+  Transfer-Encoding, a bad chunk size, a NUL in a header), and a transfer coding other than
+  plain `chunked` (`gzip, chunked` would hand the handler compressed bytes), are answered
+  400 `invalid_request`.
 
 Each refusal is a JSON error with `Connection: close`, written by the protocol itself.
 
@@ -60,8 +64,8 @@ class ConnectionLimits:
                    max_header_bytes=settings.max_header_bytes, max_headers=settings.max_headers)
 
 
-class _HeadersTooLarge(Exception):
-    """Raised from a parser callback to stop parsing; the 431 is already written."""
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; the refusal is already written."""
 
 
 HOT_URL = HOT_PATH.encode()  # as the request line carries it: no query string
@@ -165,8 +169,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._arm(self.LIMITS.body_timeout, self._body_timed_out)
 
     def send_400_response(self, msg: str) -> None:
+        # uvicorn's own answer is text/plain; every error here is JSON.
         if not self._refused:  # a refusal stopped the parser: its answer is already out
-            super().send_400_response(msg)
+            self._refuse("invalid_request", "the request is not well-formed HTTP/1.1")
 
     # -- parser callbacks ------------------------------------------------------------------
     def on_headers_complete(self) -> None:
@@ -174,12 +179,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         limits = self.LIMITS
         if len(self.headers) > limits.max_headers:
             self._too_large(f"the request has more than {limits.max_headers} headers")
-            raise _HeadersTooLarge
+            raise _Refused
         if self._head_bytes > limits.max_header_bytes and len(self.url) + sum(
                 len(name) + len(value) + 4 for name, value in self.headers
         ) > limits.max_header_bytes:  # the read held more than the head: measure the head
             self._too_large(f"the request head is over {limits.max_header_bytes} bytes")
-            raise _HeadersTooLarge
+            raise _Refused
+        if not _plain_chunked(self.headers):
+            self._refuse("invalid_request",
+                         "Transfer-Encoding may only be chunked: no other coding is decoded")
+            raise _Refused
         self._in_head, self._head_bytes = False, 0
         direct = self.DIRECT
         if direct is not None and self.url == HOT_URL \
@@ -283,6 +292,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(LINGER_S, transport.close)
         else:
             transport.close()
+
+
+def _plain_chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+    """No Transfer-Encoding, or exactly `chunked`: the parser accepts any codings ending
+    in chunked, and decodes none of the others (RFC 9112 6.1)."""
+    codings = [value for name, value in headers if name == b"transfer-encoding"]
+    return not codings or (len(codings) == 1 and codings[0].strip().lower() == b"chunked")
 
 
 __all__ = ["HOT_URL", "ConnectionLimits", "Departure", "GuardedHttpProtocol",

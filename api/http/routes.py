@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ log = logging.getLogger("batchgate.api")
 
 JSON = "application/json"
 MAX_IDEMPOTENCY_KEY = 255
+IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")  # visible ASCII
 
 
 class CoreView(Protocol):
@@ -109,9 +111,9 @@ class Routes:
     def check_head(self, principal: Principal, headers: Mapping[str, str]) -> str | None:
         """What the headers alone decide; returns the Idempotency-Key, if any."""
         key = headers.get("idempotency-key")
-        if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-            raise ApiError("invalid_idempotency_key",
-                           f"Idempotency-Key must be 1..{MAX_IDEMPOTENCY_KEY} characters")
+        if key is not None and IDEMPOTENCY_KEY.fullmatch(key) is None:
+            raise ApiError("invalid_idempotency_key", f"Idempotency-Key must be "
+                           f"1..{MAX_IDEMPOTENCY_KEY} visible ASCII characters")
         if key is not None and principal.key is None:  # anonymous callers share no scope
             raise ApiError("idempotency_needs_key",
                            "Idempotency-Key needs an API key: answers are kept per account")

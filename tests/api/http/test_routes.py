@@ -133,7 +133,7 @@ def test_a_job_without_a_timeout_header_takes_its_tiers_default() -> None:
 def test_a_timeout_header_is_taken_up_to_the_servers_cap() -> None:
     routes = routes_over(FakeCore())
     asked = routes.job_of(PAID, {"x-request-timeout-ms": "250"}, b'{"input": "a"}', None)
-    capped = routes.job_of(PAID, {"x-request-timeout-ms": "9e9"}, b'{"input": "a"}', None)
+    capped = routes.job_of(PAID, {"x-request-timeout-ms": "9000000000"}, b'{"input": "a"}', None)
     assert (asked.timeout, capped.timeout) == (0.25, MAX_TIMEOUT_MS / 1000)
 
 
