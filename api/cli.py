@@ -15,6 +15,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -73,17 +74,39 @@ def detect_gpus(model: str) -> int:
 
 
 DEMO_KEYS = frozenset({"paid-demo-key", "free-demo-key", "admin-demo-key"})
+DEMO_ENTRIES = DEMO_KEYS | {hash_key(k) for k in DEMO_KEYS}  # held plain or hashed
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def refuse_public_demo_keys(settings: Settings) -> None:
-    """The demo keys are printed in README: a server holding them answers only on loopback."""
-    if settings.host in LOOPBACK or settings.keys is None:
+    """The demo keys are printed in README: a server holding them, plain or hashed, in its
+    keys file or as its admin key, answers only on loopback."""
+    if settings.host in LOOPBACK:
+        return
+    if settings.admin_key in DEMO_ENTRIES:
+        raise ValueError("BATCHGATE_ADMIN_KEY is the public demo admin key: serve on "
+                         "127.0.0.1 only, or choose an admin key of your own")
+    if settings.keys is None:
         return
     ring = load_keys(settings.keys)
-    if DEMO_KEYS & (ring.keys.keys() | ring.admin_keys):
+    if DEMO_ENTRIES & (ring.keys.keys() | ring.admin_keys):
         raise ValueError(f"{settings.keys} holds the public demo keys: serve it on 127.0.0.1 "
                          "only, or give --keys a file of your own")
+
+
+def warn_open_keys_file(settings: Settings) -> None:
+    """A keys file that group or others may read or write gives its keys away: say so at
+    start-up, naming the file and its mode, as ssh does of a private key."""
+    if settings.keys is None:
+        return
+    try:
+        mode = stat.S_IMODE(settings.keys.stat().st_mode)
+    except OSError:
+        return  # loading it says why
+    if mode & 0o077:
+        logging.getLogger("batchgate").warning(
+            "keys file %s has mode %04o: open to group or others; chmod 600 it",
+            settings.keys, mode)
 
 
 def with_ray(settings: Settings, env: Mapping[str, str]) -> Settings:
@@ -118,6 +141,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    warn_open_keys_file(settings)
     refuse_public_demo_keys(settings)
     settings = with_ray(settings, os.environ)
     check_model_extra(settings)

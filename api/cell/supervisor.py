@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.multiprocess import mark_process_dead
 
 from api.config import Settings
 from api.gateway import gateway_main
@@ -97,6 +99,9 @@ class Gateways:
         loop = asyncio.get_running_loop()
         loop.remove_reader(process.sentinel)
         process.join(timeout=1)
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")  # set by multiprocess_metrics
+        if folder and process.pid is not None:
+            retire_metrics(process.pid, Path(folder))
         if self._stopping:
             slot.state = GatewayState.STOPPED
             if all(g.state is GatewayState.STOPPED for g in self._slots):
@@ -154,6 +159,34 @@ def multiprocess_metrics(folder: Path) -> None:
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 
+RETIRED = "retired"  # stands for every dead process's pid in a metric file's name
+
+
+def retire_metrics(pid: int, folder: Path) -> None:
+    """Fold a dead process's metric files into the folder's retired totals.
+
+    prometheus-client's `mark_process_dead` removes only the files of a dead process's live
+    gauges: its counters' and histograms' files must keep counting in every scrape, so each
+    restart would leave its files behind for good. Their values are added into one
+    `<kind>_retired.db` per kind, which a scrape sums like any process's file. This runs on
+    the core's loop, where the scrape runs too: none sees a value twice or misses one.
+    """
+    mark_process_dead(pid, str(folder))  # type: ignore[no-untyped-call]
+    for kind in ("counter", "histogram", "summary"):
+        dead = folder / f"{kind}_{pid}.db"
+        if not dead.exists():
+            continue
+        retired = MmapedDict(str(folder / f"{kind}_{RETIRED}.db"))  # type: ignore[no-untyped-call]
+        try:
+            values = MmapedDict.read_all_values_from_file(str(dead))  # type: ignore[no-untyped-call]
+            for key, value, timestamp, _ in values:
+                total, _ = retired.read_value(key)  # type: ignore[no-untyped-call]
+                retired.write_value(key, total + value, timestamp)  # type: ignore[no-untyped-call]
+        finally:
+            retired.close()  # type: ignore[no-untyped-call]
+        dead.unlink()
+
+
 SCRATCH_PREFIX = "batchgate-cell-"
 
 
@@ -195,4 +228,4 @@ def _listening(path: Path) -> bool:
 
 
 __all__ = ["SCRATCH_PREFIX", "GatewayState", "Gateways", "bind", "multiprocess_metrics",
-           "sweep_scratch"]
+           "retire_metrics", "sweep_scratch"]
