@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 import uvicorn
-from starlette.types import ASGIApp
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.http import ConnectionLimits, DirectRoute, guarded_protocol
 
@@ -27,3 +28,20 @@ async def serving(app: ASGIApp, direct: DirectRoute | None = None) -> AsyncItera
             yield sock.getsockname()[1]
         finally:
             server.should_exit = True
+
+
+def echoing(prefix: bytes) -> ASGIApp:
+    """An app that answers every HTTP request with `prefix` and the body it read."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await Response(prefix + body)(scope, receive, send)
+
+    return app

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from api.config import Settings, load_keys
 from api.errors import ApiError
 from api.http import Routes, parse_timeout
 from api.metrics import Metrics
-from tests.api.serving import serving
+from tests.api.serving import echoing, serving
 
 KEYS = load_keys(Path(__file__).parents[3] / "examples" / "keys.toml")
 PAID = KEYS.identify("Bearer paid-demo-key")
@@ -28,16 +26,7 @@ def anyio_backend() -> str:
     return "asyncio"  # uvicorn serves on asyncio
 
 
-async def echo(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] != "http":
-        return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    await Response(b"echo:" + body)(scope, receive, send)
+echo = echoing(b"echo:")
 
 
 async def exchange(data: bytes) -> tuple[int, dict[str, str], bytes]:
