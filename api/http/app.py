@@ -55,15 +55,6 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
     return with_fast_path(logged, routes.batchstring)
 
 
-def served(routes: Routes, lifespan: Lifespan, direct: Callable[[], DirectRoute]
-           ) -> tuple[ASGIApp, DirectRoute]:
-    """The ASGI app and the hot route's direct way beside it, in a single process or a
-    gateway; both hand the routes' access log (if on) a record of every answer."""
-    route = direct()
-    route.access_log = routes.access_log
-    return http_app(routes, lifespan), route
-
-
 def server_config(app: ASGIApp, settings: Settings, direct: DirectRoute | None
                   ) -> uvicorn.Config:
     """uvicorn's configuration for `app` on `settings`' address (a cell's gateway passes
@@ -129,5 +120,5 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response("internal", "internal error")
 
 
-__all__ = ["GC_THRESHOLDS", "Lifespan", "http_app", "on_sighup", "served", "server_config",
+__all__ = ["GC_THRESHOLDS", "Lifespan", "http_app", "on_sighup", "server_config",
            "settle_and_time", "settle_heap"]

@@ -93,10 +93,9 @@ class DirectRoute:
     """The direct way of one server process; every connection's protocol shares it. How a
     job reaches the core is the subclass's (`admit`); the checks and the answer are shared."""
 
-    access_log: AccessLog | None = None  # the routes' sink, given by `api.http.served`
-
     def __init__(self, routes: Routes) -> None:
         self.routes = routes
+        self.access_log: AccessLog | None = routes.access_log  # the routes' sink, if on
 
     def call(self, conn: Connection, raw: list[tuple[bytes, bytes]], keep_alive: bool
              ) -> DirectCall | None:

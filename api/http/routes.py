@@ -55,8 +55,8 @@ class Routes:
         self.settings = settings
         self.keys = keys
         self.metrics = metrics
-        # Both ways to the hot route hand it a record of each answer (`served` gives it to
-        # the direct way); None: the log is off.
+        # Both ways to the hot route hand it a record of each answer (`DirectRoute` takes it
+        # from here); None: the log is off.
         self.access_log = AccessLog.of(settings)
         s = settings
         self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)

@@ -9,6 +9,7 @@ from gpu_pool.models.registry import (
     BUILTIN_MODELS,
     ModelEntry,
     default_latency_floor,
+    missing_extra,
     uses_gpu,
     validate_spec,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "ModelEntry",
     "default_latency_floor",
     "load_model",
+    "missing_extra",
     "uses_gpu",
     "validate_spec",
 ]

@@ -8,6 +8,7 @@ This module imports nothing but the standard library, so asking costs nothing.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -23,11 +24,14 @@ class ModelEntry:
     loader: str  # "module:function" taking the device ("cpu" or "cuda"), imported in the worker
     latency_floor: float  # seconds every batch is padded to unless the user sets one
     uses_gpu: bool  # False: the worker never imports torch and nobody probes for CUDA
+    needs: tuple[str, ...] = ()  # modules its loading imports, from `extra` below
+    extra: str | None = None  # the pip extra of batchgate that installs them
 
 
 BUILTIN_MODELS: Mapping[str, ModelEntry] = MappingProxyType({
     entry.name: entry for entry in (
-        ModelEntry("minilm", "gpu_pool.models.minilm:load", latency_floor=0.0, uses_gpu=True),
+        ModelEntry("minilm", "gpu_pool.models.minilm:load", latency_floor=0.0, uses_gpu=True,
+                   needs=("sentence_transformers",), extra="minilm"),
         # No compute: the floor alone gives it the contract's latency, so load tests see
         # a GPU's timing without using the CPU.
         ModelEntry("sim", "gpu_pool.models.sim:load", latency_floor=_CONTRACT_LATENCY,
@@ -62,6 +66,16 @@ def uses_gpu(spec: str) -> bool:
     return entry.uses_gpu if entry is not None else True
 
 
+def missing_extra(spec: str) -> str | None:
+    """The pip extra that installs what a built-in model needs, if any of it is missing
+    here; None otherwise (a user's function brings its own). Imports nothing."""
+    entry = _entry(spec)
+    if entry is None or entry.extra is None:
+        return None
+    missing = any(importlib.util.find_spec(module) is None for module in entry.needs)
+    return entry.extra if missing else None
+
+
 def _entry(spec: str) -> ModelEntry | None:
     """The entry of a built-in model; None for a (well-formed) user's function."""
     return BUILTIN_MODELS.get(validate_spec(spec))
@@ -71,6 +85,7 @@ __all__ = [
     "BUILTIN_MODELS",
     "ModelEntry",
     "default_latency_floor",
+    "missing_extra",
     "uses_gpu",
     "validate_spec",
 ]

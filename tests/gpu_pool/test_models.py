@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ from gpu_pool.models import (
     ModelEntry,
     default_latency_floor,
     load_model,
+    missing_extra,
     uses_gpu,
     validate_spec,
 )
@@ -118,3 +120,13 @@ def test_a_module_attribute_that_is_not_callable_is_refused() -> None:
 def test_a_malformed_name_is_refused_before_anything_is_imported() -> None:
     with pytest.raises(ValueError, match="expected"):
         load_model("nope", "cpu")
+
+
+def test_a_built_in_model_names_the_extra_it_needs_only_when_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert missing_extra("minilm") is None  # the suite's environment has it
+    assert missing_extra("sim") is None and missing_extra("tests.models:echo") is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert missing_extra("minilm") == "minilm"
+    assert missing_extra("sim") is None  # needs nothing

@@ -18,7 +18,16 @@ import pytest
 from starlette.applications import Starlette
 
 from api.config import KeyRing, Principal, Settings
-from api.http import Answered, ClientWatch, DirectCall, DirectRoute, Job, Rendered, Routes, served
+from api.http import (
+    Answered,
+    ClientWatch,
+    DirectCall,
+    DirectRoute,
+    Job,
+    Rendered,
+    Routes,
+    http_app,
+)
 from api.http.access_log import AccessLog, hot, record
 from api.metrics import Metrics
 from batcher import Tier
@@ -140,7 +149,7 @@ async def logged_server(log: bool = True) -> AsyncIterator[tuple[str, io.StringI
     out = io.StringIO()
     if log:
         routes.access_log = AccessLog(out)
-    app, direct = served(routes, no_lifespan, lambda: Instant(routes))
+    app, direct = http_app(routes, no_lifespan), Instant(routes)
     async with serving(app, direct) as port:
         yield f"http://127.0.0.1:{port}", out, routes
 

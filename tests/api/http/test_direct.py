@@ -28,7 +28,10 @@ def anyio_backend() -> str:
 
 
 class Recorded:
-    """Routes enough for `DirectRoute`'s framing: the body limit and the bookkeeping."""
+    """Routes enough for `DirectRoute`'s framing: the body limit, the bookkeeping, and no
+    access log."""
+
+    access_log = None
 
     def __init__(self) -> None:
         self.limits = SimpleNamespace(max_body_bytes=LIMIT)

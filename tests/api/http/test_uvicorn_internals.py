@@ -17,6 +17,7 @@ import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from types import SimpleNamespace
 from typing import Any, cast
 
 import anyio
@@ -231,7 +232,8 @@ async def test_the_key_the_guard_adds_to_the_scope_reaches_the_app() -> None:
 def test_a_direct_call_carries_every_attribute_uvicorn_uses_on_its_cycle() -> None:
     used = cycle_attributes(HttpToolsProtocol)
     assert "response_complete" in used  # the scan found uvicorn's cycle
-    call = DirectCall(DirectRoute(cast(Routes, None)), cast(Connection, None), {}, True)
+    no_log = cast(Routes, SimpleNamespace(access_log=None))
+    call = DirectCall(DirectRoute(no_log), cast(Connection, None), {}, True)
     assert [name for name in sorted(used | set(CYCLE_NAMES)) if not hasattr(call, name)] == []
 
 
