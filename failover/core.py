@@ -196,6 +196,10 @@ class DispatchCore:
             out.kill.append(worker)
         return self._pump(now, out)
 
+    def stalled(self, seconds: float) -> None:
+        """The owner's loop stood still for `seconds`: no batch is judged hung for it."""
+        self._table.postpone(seconds)
+
     def next_deadline(self) -> float:
         """The earliest time at which `poll` would do something (inf: only an event will)."""
         hang = self._table.next_hang_deadline()

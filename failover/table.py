@@ -309,6 +309,15 @@ class InFlightTable:
                 self._groups.append((items, None))
         return len(late)
 
+    def postpone(self, seconds: float) -> None:
+        """The core's own loop stood still for `seconds` (a stopped process, a long pause):
+        every running batch's clock moves on by as much, since a stall of the core's is
+        no evidence against a worker."""
+        for batch in self._batches.values():
+            batch.started += seconds
+            batch.hang_deadline += seconds
+            batch.hedge_deadline += seconds
+
     def next_hang_deadline(self) -> float:
         """When `hung` or `hedge` next has something to do."""
         return min((min(b.hang_deadline, b.hedge_deadline) for b in self._batches.values()),

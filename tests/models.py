@@ -81,3 +81,33 @@ def bad_message(inputs: list[str]) -> list[str]:
     if any("BAD" in s for s in inputs):
         raise _Unprintable
     return [s[::-1] for s in inputs]
+
+
+# -- the hostile models of issue 28: each misbehaves on a marker any client can send --------
+_LEAKED: list[bytes] = []
+
+
+def killer(inputs: list[str]) -> list[str]:
+    """Dies (`os._exit`) on any batch holding an input with "kill" in it."""
+    if any("kill" in s for s in inputs):
+        os._exit(137)
+    return [s[::-1] for s in inputs]
+
+
+def hang(inputs: list[str]) -> list[str]:
+    """Sleeps an hour on any batch holding an input with "hang" in it."""
+    if any("hang" in s for s in inputs):
+        time.sleep(3600)
+    return [s[::-1] for s in inputs]
+
+
+def slowlong(inputs: list[str]) -> list[str]:
+    """Takes 8 s per MB of input (0.1 s at least): long contexts cost real time."""
+    time.sleep(max(0.1, 8.0 * sum(map(len, inputs)) / 1e6))
+    return [s[::-1] for s in inputs]
+
+
+def leak(inputs: list[str]) -> list[str]:
+    """Keeps 20 MB per batch for ever, touched so that it is resident."""
+    _LEAKED.append(b"\x01" * (20 << 20))
+    return [s[::-1] for s in inputs]
