@@ -4,46 +4,12 @@ the call's deadline, and typed errors."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
-
 import httpx
 import pytest
 
 from api import client as c
 from api.errors import ERRORS
-
-Handler = Callable[[httpx.Request], httpx.Response]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now, self.slept = 0.0, []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-def echo(request: httpx.Request) -> httpx.Response:
-    inputs = httpx.Response(200, content=request.content).json()["inputs"]
-    return httpx.Response(200, json={"id": "x", "outputs": [s[::-1] for s in inputs]})
-
-
-def refuse(status: int, code: str, retry_after: int | None = None) -> httpx.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    return httpx.Response(status, json={"error": {"code": code, "message": "no"}},
-                          headers=headers)
-
-
-def make(handler: Handler, clock: FakeClock, timeout: float = 30.0,
-         api_key: str | None = "k") -> c.Client:
-    return c.Client("http://batchgate", api_key, timeout=timeout,
-                    transport=httpx.MockTransport(handler), clock=clock, sleep=clock.sleep,
-                    rng=random.Random(1))
+from tests.api.client_fakes import FakeClock, echo, make, refuse
 
 
 def test_more_than_100_inputs_go_as_several_requests_collated_in_order() -> None:

@@ -1,0 +1,56 @@
+"""A Python client for batchgate, sync (`Client`) and async (`AsyncClient`), over httpx.
+
+    with Client("http://127.0.0.1:8000", api_key="paid-demo-key", timeout=10) as client:
+        outputs = client.batchstring(texts)  # any number of inputs, outputs in order
+
+More than `max_inputs` (100) inputs go as several requests at once, collated in order. Each
+request carries an Idempotency-Key of its own, kept across its retries, so a retry never
+runs the model twice (with an API key: the server keeps answers per account and refuses the
+header from anonymous callers, whose retries after a dropped connection may run again).
+Connection errors, 408, 429 and 503 are retried (Retry-After honoured, with a floor, plus
+jitter, so refused clients do not come back in step) until `max_attempts` or the call's
+deadline, which every attempt passes on as `X-Request-Timeout-Ms` and stays within.
+Anything else raises at once, as the exception that mirrors its error code (the tree is in
+`api.client.errors`); an answer that breaks the contract raises `ProtocolError`. Sync and
+async raise the same exceptions, a split call the first of its requests' failures.
+
+Rooms: `errors` (the tree), `answers` (what an answer means), `call` (one request and its
+retries, no I/O), `clients` (the I/O, blocking and async). It loads httpx and the standard
+library alone (a test holds it to that).
+"""
+
+from api.client.answers import error_from, outputs_from, parse_retry_after
+from api.client.call import MAX_INPUTS, PATH, RetryPolicy
+from api.client.clients import AsyncClient, Client
+from api.client.errors import (
+    BY_CODE,
+    BY_STATUS,
+    RETRIED,
+    BadRequest,
+    BatchgateError,
+    ConnectionFailed,
+    DeadlineExceeded,
+    HeadersTooLarge,
+    IdempotencyKeyReused,
+    ModelError,
+    NoHealthyWorker,
+    Overloaded,
+    PayloadTooLarge,
+    ProtocolError,
+    RateLimited,
+    RequestTimeout,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+
+__all__ = [
+    "BY_CODE", "BY_STATUS", "MAX_INPUTS", "PATH", "RETRIED", "AsyncClient", "BadRequest",
+    "BatchgateError", "Client", "ConnectionFailed", "DeadlineExceeded", "HeadersTooLarge",
+    "IdempotencyKeyReused", "ModelError", "NoHealthyWorker", "Overloaded", "PayloadTooLarge",
+    "ProtocolError", "RateLimited", "RequestTimeout", "RetryPolicy", "ServerError",
+    "Unauthorized", "Unavailable", "Unprocessable", "UnsupportedMediaType", "error_from",
+    "outputs_from", "parse_retry_after",
+]

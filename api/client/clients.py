@@ -1,0 +1,173 @@
+"""The two clients, blocking and async: each splits a call into requests, runs them at once
+and collates their outputs in order. Either raises the first failure of a call, as itself,
+and the call's other requests start no new attempt."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Self
+
+import anyio
+import httpx
+
+from api.client.call import MAX_INPUTS, PATH, Call, RetryPolicy, chunks
+
+
+class _Abandoned(Exception):
+    """Another request of the same call failed: this one starts no new attempt."""
+
+
+class _Base:
+    def __init__(self, api_key: str | None, timeout: float, max_inputs: int,
+                 model: str | None, retry: RetryPolicy | None, clock: Callable[[], float],
+                 rng: random.Random | None) -> None:
+        if not 1 <= max_inputs <= MAX_INPUTS:
+            raise ValueError(f"max_inputs must be within 1..{MAX_INPUTS}")
+        self.keyed = bool(api_key)
+        self.timeout, self.max_inputs, self.model = timeout, max_inputs, model
+        self.retry, self.clock = retry or RetryPolicy(), clock
+        self.rng = rng or random.Random()
+
+    def _calls(self, inputs: Sequence[str]) -> list[Call]:
+        deadline = self.clock() + self.timeout
+        return [Call(chunk, self.model, deadline, self.retry, self.rng, self.keyed)
+                for chunk in chunks(list(inputs), self.max_inputs)]
+
+    @staticmethod
+    def _headers(api_key: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class Client(_Base):
+    """Blocking client; one connection pool, safe to share between threads. `clock` and
+    `sleep` are seams for tests; without `sleep`, a wait between attempts ends as soon as
+    another request of the same call has failed."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
+                 max_inputs: int = MAX_INPUTS, model: str | None = None,
+                 retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] | None = None,
+                 rng: random.Random | None = None) -> None:
+        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
+        self._sleep = sleep
+        self._http = httpx.Client(base_url=base_url, headers=self._headers(api_key),
+                                  transport=transport)
+
+    def batchstring(self, inputs: Sequence[str]) -> list[str]:
+        """One output per input, in order; raises a BatchgateError (see api.client.errors):
+        of several, the first to fail."""
+        calls, stop = self._calls(inputs), threading.Event()
+        if len(calls) <= 1:
+            return [out for call in calls for out in self._run(call, stop)]
+        with concurrent.futures.ThreadPoolExecutor(min(len(calls), 8)) as pool:
+            futures = [pool.submit(self._run, call, stop) for call in calls]
+            try:
+                for future in concurrent.futures.as_completed(futures):
+                    future.result()
+            except BaseException:
+                stop.set()
+                for future in futures:
+                    future.cancel()
+                raise
+        return [out for future in futures for out in future.result()]
+
+    def _run(self, call: Call, stop: threading.Event) -> list[str]:
+        while not stop.is_set():
+            try:
+                response = self._http.post(PATH, **call.request(self.clock()))
+            except httpx.TransportError as exc:
+                wait = call.broke(exc, self.clock())
+            else:
+                result = call.answered(response, self.clock())
+                if isinstance(result, list):
+                    return result
+                wait = result
+            if self._sleep is None:
+                stop.wait(wait)
+            else:
+                self._sleep(wait)
+        raise _Abandoned
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncClient(_Base):
+    """The same on anyio (asyncio or trio); the requests of a split call run concurrently,
+    and each attempt is also bounded as a whole by what is left of the deadline."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
+                 max_inputs: int = MAX_INPUTS, model: str | None = None,
+                 retry: RetryPolicy | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+                 rng: random.Random | None = None) -> None:
+        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
+        self._sleep = sleep
+        self._http = httpx.AsyncClient(base_url=base_url, headers=self._headers(api_key),
+                                       transport=transport)
+
+    async def batchstring(self, inputs: Sequence[str]) -> list[str]:
+        """One output per input, in order; raises a BatchgateError (see api.client.errors):
+        of several, the first to fail, never an ExceptionGroup."""
+        calls = self._calls(inputs)
+        if len(calls) <= 1:
+            return [out for call in calls for out in await self._run(call)]
+        results: list[list[str]] = [[] for _ in calls]
+        failures: list[Exception] = []
+
+        async def run(i: int, scope: anyio.CancelScope) -> None:
+            try:
+                results[i] = await self._run(calls[i])
+            except Exception as exc:  # kept, and raised alone below
+                failures.append(exc)
+                scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(calls)):
+                tg.start_soon(run, i, tg.cancel_scope)
+        if failures:
+            raise failures[0]
+        return [out for outs in results for out in outs]
+
+    async def _run(self, call: Call) -> list[str]:
+        while True:
+            attempt = call.request(self.clock())
+            try:
+                with anyio.fail_after(attempt["timeout"]):
+                    response = await self._http.post(PATH, **attempt)
+            except (httpx.TransportError, TimeoutError) as exc:
+                wait = call.broke(exc, self.clock())
+            else:
+                result = call.answered(response, self.clock())
+                if isinstance(result, list):
+                    return result
+                wait = result
+            await self._sleep(wait)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+__all__ = ["AsyncClient", "Client"]

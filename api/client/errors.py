@@ -1,0 +1,138 @@
+"""The client's error tree, one class per meaning of an answer, drawn here:
+
+    BatchgateError                   .status, .code, .message, .retry_after
+    ├── BadRequest              400  malformed_json, invalid_request, invalid_timeout, ...
+    ├── Unauthorized            401
+    ├── RequestTimeout          408  request_timeout: the upload stalled; retried
+    ├── PayloadTooLarge         413  body_too_large, input_too_large
+    ├── UnsupportedMediaType    415  unsupported_media_type
+    ├── HeadersTooLarge         431  headers_too_large
+    ├── Unprocessable           422  empty_inputs, too_many_inputs, unknown_model
+    │   └── IdempotencyKeyReused     idempotency_key_reused
+    ├── RateLimited             429  retried
+    ├── ServerError             500  internal
+    │   └── ModelError               model_error, contract_violation, query_of_death
+    ├── Unavailable             503  retried
+    │   ├── Overloaded               over_budget, deadline_unreachable, queue_full,
+    │   │                            too_many_connections
+    │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down,
+    │                                core_unavailable
+    ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
+    ├── ConnectionFailed             no answer (refused, reset) after the retries
+    └── ProtocolError                the answer breaks batchgate's protocol (also a ValueError)
+
+These mirror the server's codes (api/errors.py's ERRORS, which this module cannot import: it
+would load the server into every client); `ProtocolError` is the client's own.
+"""
+
+from __future__ import annotations
+
+
+class BatchgateError(Exception):
+    """The root: whatever a call raises is one of these (a bug aside)."""
+
+    status = 0
+
+    def __init__(self, message: str, code: str = "", status: int | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(f"{code}: {message}" if code else message)
+        self.message, self.code, self.retry_after = message, code, retry_after
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(BatchgateError):
+    status = 400
+
+
+class Unauthorized(BatchgateError):
+    status = 401
+
+
+class RequestTimeout(BatchgateError):
+    status = 408
+
+
+class PayloadTooLarge(BatchgateError):
+    status = 413
+
+
+class UnsupportedMediaType(BatchgateError):
+    status = 415
+
+
+class HeadersTooLarge(BatchgateError):
+    status = 431
+
+
+class Unprocessable(BatchgateError):
+    status = 422
+
+
+class IdempotencyKeyReused(Unprocessable):
+    pass
+
+
+class RateLimited(BatchgateError):
+    status = 429
+
+
+class ServerError(BatchgateError):
+    status = 500
+
+
+class ModelError(ServerError):
+    pass
+
+
+class Unavailable(BatchgateError):
+    status = 503
+
+
+class Overloaded(Unavailable):
+    pass
+
+
+class NoHealthyWorker(Unavailable):
+    pass
+
+
+class DeadlineExceeded(BatchgateError, TimeoutError):
+    """A 504, or the call's deadline passed here: before an attempt, or during one (the
+    attempt's timeouts are what was left of the deadline)."""
+
+    status = 504
+
+
+class ConnectionFailed(BatchgateError):
+    """No answer (refused, reset) and no time or attempt left to try again."""
+
+
+class ProtocolError(BatchgateError, ValueError):
+    """The server answered, but not as batchgate does: a 200 that is not JSON, or not
+    `{"outputs": [str, ...]}` with one string per input, or a status batchgate never sends
+    (1xx, 2xx but 200, 3xx). `.status` is the answer's. Never retried: a keyed retry would
+    be given the same answer again, and a server that breaks the contract once may again."""
+
+
+BY_STATUS: dict[int, type[BatchgateError]] = {
+    c.status: c for c in (BadRequest, Unauthorized, RequestTimeout, PayloadTooLarge,
+                          UnsupportedMediaType, HeadersTooLarge, Unprocessable, RateLimited,
+                          ServerError, Unavailable, DeadlineExceeded)}
+BY_CODE: dict[str, type[BatchgateError]] = {
+    "idempotency_key_reused": IdempotencyKeyReused,
+    **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
+    **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
+                     "too_many_connections"), Overloaded),
+    **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down",
+                     "core_unavailable"), NoHealthyWorker),
+}
+RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
+
+__all__ = [
+    "BY_CODE", "BY_STATUS", "RETRIED", "BadRequest", "BatchgateError", "ConnectionFailed",
+    "DeadlineExceeded", "HeadersTooLarge", "IdempotencyKeyReused", "ModelError",
+    "NoHealthyWorker", "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited",
+    "RequestTimeout", "ServerError", "Unauthorized", "Unavailable", "Unprocessable",
+    "UnsupportedMediaType",
+]
