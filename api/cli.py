@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import logging
 import os
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 
 from api.config import (
     Parser,
@@ -27,6 +28,7 @@ from api.config import (
     describe,
     forget_secrets,
     hash_key,
+    knobs,
     load_keys,
     settings_from,
 )
@@ -134,6 +136,44 @@ def check_model_extra(settings: Settings) -> None:
                          f"pip install 'batchgate[{extra}]'")
 
 
+SECRETS_FD = "BATCHGATE_SECRETS_FD"  # the pipe a re-executed server reads its secrets from
+MAX_SECRETS_BYTES = 4096  # a pipe holds at least a page before its writer waits
+
+
+def exec_without_secrets() -> None:
+    """Start this command again, its secret variables handed over a pipe: they are out of
+    this process's /proc/<pid>/environ, the block it was started with, which removing them
+    from `os.environ` leaves as it was. The same pid, so a supervisor sees no change. Returns
+    only if no secret variable is set."""
+    secrets = {k.env: os.environ[k.env] for k in knobs() if k.secret and k.env in os.environ}
+    if not secrets or not sys.executable:
+        return
+    data = json.dumps(secrets).encode()
+    if len(data) > MAX_SECRETS_BYTES:
+        raise ValueError(f"the secret variables hold over {MAX_SECRETS_BYTES} bytes")
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    os.set_inheritable(read, True)
+    env = {k: v for k, v in os.environ.items() if k not in secrets} | {SECRETS_FD: str(read)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, env)
+
+
+def handed_secrets(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """The secret variables `exec_without_secrets` handed over, read once from their pipe."""
+    fd = environ.pop(SECRETS_FD, None)
+    if fd is None:
+        return {}
+    try:
+        with os.fdopen(int(fd), "rb") as pipe:
+            secrets = json.loads(pipe.read())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{SECRETS_FD}={fd} is no pipe of secrets ({exc})") from None
+    return {k.env: str(secrets[k.env]) for k in knobs() if k.secret and k.env in secrets}
+
+
 def serve(args: argparse.Namespace) -> int:
     from api.door import build, check_core_settings
     from api.http import DrainingServer, server_config
@@ -161,7 +201,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    env = dict(os.environ)
+    try:
+        handed = handed_secrets(os.environ)
+    except ValueError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    env = dict(os.environ) | handed
     parser = build_parser(env)
     args = parser.parse_args(argv)
     try:
@@ -169,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(describe(settings_from(args), sys.argv[1:] if argv is None else argv, env))
             return 0
         if args.command == "serve":
+            if argv is None:  # this process's own command line: it can be run again
+                exec_without_secrets()
             return serve(args)
         if args.command == "keys":
             key = sys.stdin.readline().strip()

@@ -30,8 +30,10 @@ class WorkerConfig:
 
 def worker_main(conn: Connection, config: WorkerConfig) -> None:
     """Entry point of the child process."""
-    # The parent owns shutdown: Ctrl-C in a terminal must not kill workers mid-batch.
+    # The parent owns shutdown (it sends Stop): Ctrl-C in a terminal and SIGTERM to the
+    # whole process group (systemd's default) reach workers too, mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if config.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
     model, device = load_worker(config)

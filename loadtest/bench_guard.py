@@ -55,6 +55,9 @@ class _Transport(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"peername": ("127.0.0.1", 1), "sockname": ("127.0.0.1", 2)}.get(name, default)
 
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # it takes every write: never paused
+
     def pause_reading(self) -> None:
         pass
 

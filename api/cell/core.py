@@ -14,7 +14,12 @@ gateways: one that dies is restarted (its queued items were withdrawn when its l
 if the core dies, each gateway sees its link close and exits at once. SIGTERM first turns
 /readyz 503 on every gateway while they go on serving for `--drain-delay-s` (a second signal
 cuts it short), then stops the gateways (uvicorn finishes what they hold, which the core
-still serves), then drains the core and its workers.
+still serves), then drains the core and its workers. The drain is the core's alone: gateways
+and workers ignore SIGTERM and SIGINT, which come to them too when the whole process group
+is signalled (systemd's default `KillMode=control-group`, Ctrl-C in a terminal).
+
+`--max-connections` holds for the whole cell: the gateways count their connections together
+(`api.http.ConnectionTally`), and the supervisor forgets a dead gateway's share.
 
 Metrics: every process writes its counters and histograms through prometheus-client's
 multiprocess mode into one folder; the core renders them together with its own gauges, and

@@ -23,9 +23,9 @@ from anyio.streams.memory import MemoryObjectSendStream
 from api.config import Principal
 from api.door import Door, StatusView
 from api.errors import CoreUnavailable
-from api.gateway.frames import Framed, Message, outcome_message
+from api.gateway.frames import HOST_CLOCK, Framed, Message, outcome_message
 from api.http import Collation, Deadlines, Job, TurnEnds
-from batcher import Clock, Item, Tier
+from batcher import Clock, DeadlineExceeded, Item, Tier
 
 log = logging.getLogger("batchgate.link")
 
@@ -67,14 +67,18 @@ class _GatewayConnection(Framed):
     def received(self, messages: list[Message]) -> None:
         runs: list[_LinkJob] = []
         principals = self._principals
+        now = HOST_CLOCK()  # a job's deadline came on the host's clock
         for message in messages:
             kind, rid = message[0], message[1]
             if kind == "run":
-                _, _, tier, account, key, texts, single, timeout, idempotency = message
+                _, _, tier, account, key, texts, single, deadline, idempotency = message
                 principal = principals.get((tier, account, key))
                 if principal is None:
                     principal = self._principal(tier, account, key)
-                job = Job(principal, texts, single, timeout, idempotency)
+                if deadline <= now:
+                    self._late(rid, principal.tier)
+                    continue
+                job = Job(principal, texts, single, deadline - now, idempotency)
                 if idempotency is None:
                     runs.append(_LinkJob(self, rid, job))
                 else:
@@ -105,6 +109,12 @@ class _GatewayConnection(Framed):
             else:
                 self.send(outcome_message(rid, self._door.refusal(
                     CoreUnavailable("the core is too busy to take it now"), tier)))
+
+    def _late(self, rid: int, tier: Tier) -> None:
+        """A job whose time ran out before the core read it (the core stood still): the
+        504 a single process gives a request whose deadline passed, never a run."""
+        self.send(outcome_message(rid, self._door.refusal(
+            DeadlineExceeded("the request's deadline passed before the core read it"), tier)))
 
     def _principal(self, tier: int, account: str, key: str | None) -> Principal:
         """A caller not seen lately: one Principal per caller, so that a frame's jobs of

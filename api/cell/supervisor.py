@@ -25,7 +25,8 @@ from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.multiprocess import mark_process_dead
 
 from api.config import Settings
-from api.gateway import gateway_main
+from api.gateway import STOP_SIGNAL, connections_file, gateway_main
+from api.http import ConnectionTally
 from gpu_pool import Backoff
 
 log = logging.getLogger("batchgate.cell")
@@ -65,8 +66,11 @@ class Gateways:
         self._slots = [_Gateway(i) for i in range(settings.gateways)]
         self._stopping = False
         self._all_stopped = anyio.Event()
+        self._tally: ConnectionTally | None = None
 
     def start(self) -> None:
+        """Spawn every gateway, with the count of connections they share."""
+        self._tally = ConnectionTally.create(connections_file(self._link), len(self._slots))
         for slot in self._slots:
             self._spawn(slot)
 
@@ -107,6 +111,8 @@ class Gateways:
             if all(g.state is GatewayState.STOPPED for g in self._slots):
                 self._all_stopped.set()
             return
+        if self._tally is not None:  # its connections closed with it
+            self._tally.forget(slot.slot)
         slot.failures = self._backoff.after_exit(slot.failures, loop.time() - slot.started_at)
         delay = self._backoff.delay(slot.failures)
         log.warning("gateway %d (pid %s) exited with %s; restarting in %.1f s", slot.slot,
@@ -119,14 +125,19 @@ class Gateways:
             self._spawn(slot)
 
     async def stop(self) -> None:
-        """SIGTERM every gateway (uvicorn finishes what it holds), wait, kill stragglers."""
+        """Ask every gateway to stop (uvicorn finishes what it holds), wait, kill stragglers.
+
+        No gateway starts again, so this process's copy of the listening socket closes
+        first: once the gateways close theirs the port refuses new connections, where it
+        would have queued them for nobody and reset them all when this process exits."""
         self._stopping = True
+        self._sock.close()
         for slot in self._slots:
             if slot.state is not GatewayState.RUNNING:  # not started, or in its backoff
                 slot.state = GatewayState.STOPPED
             elif slot.process is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.process.pid or 0, signal.SIGTERM)
+                    os.kill(slot.process.pid or 0, STOP_SIGNAL)
         if all(g.state is GatewayState.STOPPED for g in self._slots):
             self._all_stopped.set()
         with anyio.move_on_after(STOP_GRACE_S):
@@ -136,6 +147,9 @@ class Gateways:
                 slot.process.kill()
                 slot.process.join(timeout=5)
             slot.state = GatewayState.STOPPED
+        if self._tally is not None:
+            self._tally.close()
+            self._tally = None
 
 
 def bind(host: str, port: int) -> socket.socket:

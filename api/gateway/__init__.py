@@ -15,7 +15,7 @@ from api.gateway.frames import (
     outcome_of,
     run_message,
 )
-from api.gateway.main import gateway_main
+from api.gateway.main import STOP_SIGNAL, GatewayServer, connections_file, gateway_main
 from api.gateway.remote import (
     BACKSTOP_MARGIN_S,
     CALL_TIMEOUT_S,
@@ -32,12 +32,15 @@ __all__ = [
     "CALL_TIMEOUT_S",
     "GATEWAY_BUSY_RATE",
     "GATEWAY_FRAME_SPACING_S",
+    "STOP_SIGNAL",
     "Framed",
+    "GatewayServer",
     "Message",
     "Receiver",
     "RemoteCore",
     "RemoteRoute",
     "client_closed",
+    "connections_file",
     "gateway_main",
     "outcome_message",
     "outcome_of",

@@ -9,8 +9,10 @@ dataclass calls back into Python for every object, and that cost the core proces
 per job than admitting it. Nothing that crosses names a class of the core's packages, so a
 gateway unpickles without loading them.
 
-Gateway -> core: ("run", rid, tier, account, key, texts, single, timeout, idempotency),
-("cancel", rid), ("call", rid, name).
+Gateway -> core: ("run", rid, tier, account, key, texts, single, deadline, idempotency),
+("cancel", rid), ("call", rid, name). A job's deadline is when its time runs out on
+`HOST_CLOCK`, counted from when the gateway sent it: a core that reads it late (stopped, a
+long turn) gives it only the time it has left, as a single process would have.
 Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts) for an `Answered`,
 ("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a call's
 value, ("error", rid, message) for a call that failed.
@@ -18,6 +20,7 @@ value, ("error", rid, message) for a call that failed.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from api.http import Answered, Job, Outcome, Rendered
@@ -34,11 +37,17 @@ the rate, where the core has CPU to spare, nothing waits."""
 
 Message = tuple[Any, ...]
 
+HOST_CLOCK = time.monotonic
+"""The clock both ends of a link read a job's deadline on: CLOCK_MONOTONIC is one clock for
+every process of a host, and a cell's gateways and core share one."""
 
-def run_message(rid: int, job: Job) -> Message:
+
+def run_message(rid: int, job: Job, now: float | None = None) -> Message:
+    """`job` as sent at `now` on `HOST_CLOCK` (read when not given)."""
     p = job.principal
-    return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single, job.timeout,
-            job.idempotency)
+    sent = HOST_CLOCK() if now is None else now
+    return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single,
+            sent + job.timeout, job.idempotency)
 
 
 def outcome_message(rid: int, outcome: Outcome) -> Message:
@@ -58,5 +67,5 @@ def outcome_of(message: Message) -> Any:
     return message[2]
 
 
-__all__ = ["GATEWAY_BUSY_RATE", "GATEWAY_FRAME_SPACING_S", "Framed", "Message",
+__all__ = ["GATEWAY_BUSY_RATE", "GATEWAY_FRAME_SPACING_S", "HOST_CLOCK", "Framed", "Message",
            "outcome_message", "outcome_of", "run_message"]

@@ -14,13 +14,23 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
 
 from api.config import Settings, load_keys
 from api.gateway.remote import RemoteCore, RemoteRoute
-from api.http import Routes, http_app, on_sighup, server_config, settle_and_time
+from api.http import (
+    CellConnections,
+    ConnectionTally,
+    Routes,
+    http_app,
+    on_sighup,
+    server_config,
+    settle_and_time,
+)
 from api.metrics import Metrics
 
 log = logging.getLogger("batchgate.gateway")
@@ -32,7 +42,10 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
     )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the core process owns shutdown
+    # The core process owns shutdown: SIGTERM and SIGINT also come to the whole process
+    # group (systemd's control-group kill, Ctrl-C), and the core asks with STOP_SIGNAL.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the lifespan reloads keys on it
     metrics = Metrics()
     keys = load_keys(settings.keys, settings.admin_key)
@@ -60,8 +73,31 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
                 unwatch()
 
     app, direct = http_app(routes, lifespan), RemoteRoute(routes, core)
-    server = uvicorn.Server(server_config(app, settings, direct))
+    connections = CellConnections(ConnectionTally(connections_file(link)), slot,
+                                  settings.max_connections)
+    server = GatewayServer(server_config(app, settings, direct, connections))
+    # Until now STOP_SIGNAL's default ended a gateway that had no client yet.
+    signal.signal(STOP_SIGNAL, server.handle_exit)
     server.run(sockets=[sock])
 
 
-__all__ = ["gateway_main"]
+def connections_file(link: str) -> Path:
+    """Where the core keeps the cell's count of connections: beside the link."""
+    return Path(link).with_name("connections")
+
+
+STOP_SIGNAL = signal.SIGUSR1  # from the core: finish what this gateway holds, then exit
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, stopped by the core alone. SIGTERM and SIGINT reach a gateway with
+    its whole process group while the core still serves the gateway's clients: a gateway
+    that stopped at once would be restarted during the drain, and the connections queued on
+    the shared socket reset when the core closes it."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == STOP_SIGNAL:  # not re-raised at exit as uvicorn does with its own
+            self.should_exit = True
+
+
+__all__ = ["STOP_SIGNAL", "GatewayServer", "connections_file", "gateway_main"]

@@ -37,8 +37,11 @@ from api.http import (
 )
 
 CALL_TIMEOUT_S = 10.0
-"""How long a gateway waits for the core to answer a call (`/readyz`, `/admin/workers`,
-`/metrics`): a core whose loop is stuck gets a 503 (and `/readyz` a not-ready), not a hang."""
+"""How long a gateway waits for the core to answer a call (`/admin/workers`, `/metrics`): a
+core whose loop is stuck gets a 503, not a hang."""
+READY_TIMEOUT_S = 1.0
+"""How long `/readyz` waits for the core: it answers a ready call within a loop turn, so a
+core silent this long is stalled (stopped, stuck in a turn) and the gateway is not ready."""
 BACKSTOP_MARGIN_S = 1.0
 """How long past a job's own timeout a gateway waits for the core's answer (its 504, at the
 latest) before it answers 503 itself."""
@@ -150,7 +153,9 @@ class RemoteCore:
             backstop.cancel()
             client.unwatch()
 
-    async def _call(self, name: str) -> Any:
+    async def _call(self, name: str, within: float | None = None) -> Any:
+        """The core's answer to call `name`, given `within` seconds (`CALL_TIMEOUT_S`)."""
+        limit = CALL_TIMEOUT_S if within is None else within
         conn = self._conn
         if conn is None or conn.transport is None:
             raise CoreUnavailable("the core process is gone")
@@ -159,15 +164,15 @@ class RemoteCore:
         conn.waiting[rid] = future
         conn.send(("call", rid, name))
         try:
-            return await asyncio.wait_for(future, CALL_TIMEOUT_S)
+            return await asyncio.wait_for(future, limit)
         except TimeoutError:
             conn.waiting.pop(rid, None)
             raise CoreUnavailable(
-                f"the core process did not answer within {CALL_TIMEOUT_S:g} s") from None
+                f"the core process did not answer within {limit:g} s") from None
 
     async def ready(self) -> dict[str, object]:
         try:
-            result: dict[str, object] = await self._call("ready")
+            result: dict[str, object] = await self._call("ready", READY_TIMEOUT_S)
             return result
         except CoreUnavailable:
             return {"ready": False, "workers_ready": 0, "draining": True}
@@ -233,5 +238,5 @@ def unresponsive() -> Rendered:
         "the core process did not answer by the request's deadline")))
 
 
-__all__ = ["BACKSTOP_MARGIN_S", "CALL_TIMEOUT_S", "Receiver", "RemoteCore", "RemoteRoute",
-           "client_closed", "unavailable", "unresponsive"]
+__all__ = ["BACKSTOP_MARGIN_S", "CALL_TIMEOUT_S", "READY_TIMEOUT_S", "Receiver", "RemoteCore",
+           "RemoteRoute", "client_closed", "unavailable", "unresponsive"]

@@ -30,6 +30,12 @@ from api.http.collation import (
     ReceiveWatch,
     TurnEnds,
 )
+from api.http.connections import (
+    CellConnections,
+    Connections,
+    ConnectionTally,
+    LocalConnections,
+)
 from api.http.direct import (
     Connection,
     DirectCall,
@@ -88,10 +94,13 @@ __all__ = [
     "QUIET",
     "AccessLog",
     "Answered",
+    "CellConnections",
     "ClientWatch",
     "Collation",
     "Connection",
     "ConnectionLimits",
+    "ConnectionTally",
+    "Connections",
     "CoreView",
     "Deadlines",
     "Departure",
@@ -104,6 +113,7 @@ __all__ = [
     "JsonAnswer",
     "Lifespan",
     "Limits",
+    "LocalConnections",
     "Outcome",
     "ParsedRequest",
     "PendingRequest",

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp
 from api.config import Settings
 from api.errors import error_response, to_api_error
 from api.http.access_log import with_access_log
+from api.http.connections import Connections
 from api.http.direct import DirectRoute
 from api.http.fastpath import with_fast_path
 from api.http.openapi import openapi_routes
@@ -55,14 +56,14 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
     return with_fast_path(logged, routes.batchstring)
 
 
-def server_config(app: ASGIApp, settings: Settings, direct: DirectRoute | None
-                  ) -> uvicorn.Config:
+def server_config(app: ASGIApp, settings: Settings, direct: DirectRoute | None,
+                  connections: Connections | None = None) -> uvicorn.Config:
     """uvicorn's configuration for `app` on `settings`' address (a cell's gateway passes
-    the shared socket to `Server.run(sockets=...)` instead)."""
+    the shared socket to `Server.run(sockets=...)` instead, and its cell's `connections`)."""
     return uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level,
         access_log=False, lifespan="on", timeout_graceful_shutdown=30, proxy_headers=False,
-        http=guarded_protocol(ConnectionLimits.of(settings), direct),
+        http=guarded_protocol(ConnectionLimits.of(settings), direct, connections),
     )
 
 

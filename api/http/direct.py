@@ -175,8 +175,9 @@ class DirectRoute:
     def _write(self, call: DirectCall, response: Response, tier: str,
                waits: tuple[float, ...]) -> float:
         """The whole answer in one write, as uvicorn would frame it; then the connection
-        goes on as after any answer (keep-alive, or the next pipelined request). Returns
-        the seconds the call took."""
+        goes on as after any answer (keep-alive, or the next pipelined request), read again
+        once the client has taken it (`api.http.backpressure`). Returns the seconds the
+        call took."""
         elapsed = time.perf_counter() - call.started
         conn = call.conn
         content = [STATUS_LINE[response.status_code]]

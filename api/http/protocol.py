@@ -4,8 +4,9 @@ Left alone, an idle socket, a head sent one byte every 2 s and a body sent one b
 2 s were all still open after 20 s, and a 16 MB header and 20,000 headers were read whole.
 Each connection here is held to:
 
-- `max_connections` open at once per process: one more is answered 503
-  `too_many_connections` and closed before anything is read from it;
+- `max_connections` open at once in the server (all of a cell's gateways together,
+  `api.http.connections`): one more is answered 503 `too_many_connections` and closed
+  before anything is read from it;
 - `head_timeout` to deliver a request's head, counted from the connection's opening (or the
   previous request's end): an idle connection is closed quietly, a half-sent head gets 408
   `request_timeout`; between requests uvicorn's keep-alive timeout applies as before;
@@ -16,7 +17,10 @@ Each connection here is held to:
 - well-formed HTTP/1.1: what the parser rejects (a repeated Content-Length, one beside
   Transfer-Encoding, a bad chunk size, a NUL in a header), and a transfer coding other than
   plain `chunked` (`gzip, chunked` would hand the handler compressed bytes), are answered
-  400 `invalid_request`.
+  400 `invalid_request`;
+- answers the client leaves unread: while an answer waits in the process for the client to
+  take it, the connection is not read; once it has waited `body_timeout`, the connection is
+  aborted (`api.http.backpressure`).
 
 Each refusal is a JSON error with `Connection: close`, written by the protocol itself.
 
@@ -40,7 +44,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.config import Settings
 from api.errors import ERRORS, error_body
+from api.http.backpressure import Backpressure
 from api.http.collation import CONNECTION
+from api.http.connections import Connections, LocalConnections
 from api.http.direct import DirectCall, DirectRoute
 from api.http.fastpath import HOT_PATH
 
@@ -72,14 +78,17 @@ HOT_URL = HOT_PATH.encode()  # as the request line carries it: no query string
 
 
 def guarded_protocol(
-    limits: ConnectionLimits, direct: DirectRoute | None = None
+    limits: ConnectionLimits, direct: DirectRoute | None = None,
+    connections: Connections | None = None,
 ) -> type[HttpToolsProtocol]:
     """uvicorn's `http=` protocol class holding every connection to `limits`, and serving
-    the hot route's plain requests through `direct` if given."""
+    the hot route's plain requests through `direct` if given. Connections are counted in
+    `connections` (a cell's, shared by its gateways), else in this process."""
 
     class Guarded(GuardedHttpProtocol):
         LIMITS = limits
         DIRECT = direct
+        CONNECTIONS = connections or LocalConnections(limits.max_connections)
 
     return Guarded
 
@@ -116,6 +125,7 @@ class Departure:
 class GuardedHttpProtocol(HttpToolsProtocol):
     LIMITS = ConnectionLimits()
     DIRECT: DirectRoute | None = None
+    CONNECTIONS: Connections = LocalConnections(LIMITS.max_connections)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,6 +133,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = True  # the next bytes are (part of) a request's head
         self._head_bytes = 0  # raw bytes received since the head began
         self._refused = False
+        self._counted = False  # holds a place in CONNECTIONS
         self._departure = Departure()
 
     # A request whose head and body arrive in one read, the usual case, arms no timer: the
@@ -131,8 +142,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- the connection --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.LIMITS.max_connections:
-            log.warning("refused a connection: %d open", len(self.connections) - 1)
+        self._backpressure = Backpressure(transport, self.loop, self.LIMITS.body_timeout)
+        self.flow = self._backpressure  # uvicorn's own calls reach it there
+        self._counted = self.CONNECTIONS.enter()
+        if not self._counted:
+            log.warning("refused a connection: %d open", self.LIMITS.max_connections)
             self._refuse("too_many_connections",
                          "the server holds as many connections as it takes; retry shortly",
                          retry_after=1)
@@ -141,6 +155,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._backpressure.stop()
+        if self._counted:
+            self._counted = False
+            self.CONNECTIONS.leave()
         super().connection_lost(exc)
         self._departure.lost()
         call: object = self.cycle

@@ -65,7 +65,7 @@ OVERRIDDEN = {
 }
 # What the guard and the direct way read, set or call on a protocol of uvicorn's.
 PROTOCOL_NAMES = ("connections", "cycle", "headers", "url", "parser", "scope", "server_state",
-                  "loop", "transport", "on_response_complete")
+                  "loop", "transport", "on_response_complete", "flow")
 PARSER_METHODS = ("get_method", "get_http_version", "should_keep_alive")  # httptools'
 # What the guard reads or sets on uvicorn's cycle (`protocol.cycle`). A DirectCall standing
 # there carries these and every attribute uvicorn's protocol itself uses on its cycle.
@@ -195,11 +195,12 @@ def test_a_subclass_overrides_only_the_listed_methods_of_uvicorns(
     assert own & set(dir(theirs)) == set(overridden)
 
 
-async def test_of_the_attributes_the_guard_sets_only_the_cycle_is_uvicorns() -> None:
+async def test_of_the_attributes_the_guard_sets_only_the_cycle_and_the_flow_are_uvicorns(
+) -> None:
     async with connected(HttpToolsProtocol, App()) as (plain, client):
         await ask(client)  # uvicorn sets some only once a request begins
         uvicorns = set(vars(plain)) | set(dir(HttpToolsProtocol))
-    assert set_on_self(GuardedHttpProtocol) & uvicorns == {"cycle"}
+    assert set_on_self(GuardedHttpProtocol) & uvicorns == {"cycle", "flow"}
 
 
 def test_of_the_attributes_draining_sets_only_should_exit_is_uvicorns() -> None:
