@@ -11,7 +11,7 @@
     ├── CoreUnavailable            gateway/    the core process is gone or not answering
     ├── QueueFull, Overloaded (OverBudget, DeadlineUnreachable, NoWorkerReady),
     │   Closed, DeadlineExceeded               batcher/: refused or out of time
-    └── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, ModelError
+    └── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
         (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
 
 A status is looked up by code in `ERRORS`, never decided by the raiser: importing the
@@ -61,6 +61,8 @@ ERRORS: dict[str, ErrorCode] = {
     "unknown_model": ErrorCode(422, "model names another model than the one served"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
+    "caller_refused": ErrorCode(429, "this account's inputs (or anonymous inputs) killed "
+                                     "workers again and again: refused for a while"),
     "headers_too_large": ErrorCode(431, "the head is over --max-header-bytes, or has more "
                                         "than --max-headers headers"),
     "client_closed": ErrorCode(499, "the client left; its items were withdrawn unrun"),
@@ -74,6 +76,8 @@ ERRORS: dict[str, ErrorCode] = {
     "queue_full": ErrorCode(503, "the tier's queue is at its capacity"),
     "too_many_connections": ErrorCode(503, "the process holds --max-connections connections"),
     "no_healthy_worker": ErrorCode(503, "no worker is ready"),
+    "suspect_input": ErrorCode(503, "the same input's last run stalled or killed its "
+                                    "worker, and it is being judged"),
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),
     "shutting_down": ErrorCode(503, "the server is draining, or shut down before the item ran"),
     "core_unavailable": ErrorCode(503, "a gateway's core process is gone or not answering"),

@@ -59,6 +59,7 @@ class Snapshot:
     crashes: int
     tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
     idempotency: IdempotencyStatistics
+    replacements: int = 0  # workers replaced between batches, over their memory bound
 
 
 class _StatsCollector(Collector):
@@ -88,6 +89,11 @@ class _StatsCollector(Collector):
         yield from self._busy(s)
         yield CounterMetricFamily(
             "batchgate_worker_crashes", "Worker processes that died", value=s.crashes
+        )
+        yield CounterMetricFamily(
+            "batchgate_worker_replacements",
+            "Workers replaced between batches for holding more than --worker-max-rss-mb",
+            value=s.replacements,
         )
         yield CounterMetricFamily(
             "batchgate_batch_reroutes", "Batches re-routed after a crash", value=t.reroutes

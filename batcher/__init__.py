@@ -9,6 +9,7 @@ batchgate speaks (a cell's link, a worker's pipe).
 from batcher.admission import Admission, AdmissionSettings, RateMeter
 from batcher.batcher import Batcher, BatcherStatistics, Cut
 from batcher.clock import Clock, LoopClock, MonotonicClock
+from batcher.cost import BatchCost
 from batcher.errors import (
     BatchgateError,
     Closed,
@@ -29,6 +30,7 @@ __all__ = [
     "READ_CHUNK",
     "Admission",
     "AdmissionSettings",
+    "BatchCost",
     "Batcher",
     "BatcherStatistics",
     "BatchgateError",

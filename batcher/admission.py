@@ -1,13 +1,17 @@
 """Admission control: refuse at the door what the queue cannot serve in time.
 
-For an arriving item, the expected completion is estimated from the work queued ahead of it
-(its own tier and every tier above, retry lane included), the pool's measured throughput
-(ready workers x max batch / measured batch latency) less what higher tiers keep arriving
-with (they will overtake it while it waits), and one batch latency for its own run.
-Over the tier's budget, the item is refused at once, with a Retry-After from the time the
-queue needs to drain. Free traffic has the smaller budget, so it is shed first; paid traffic
-is refused only when the paid queue alone cannot be served in time. This is throttling tied
-to the observed queue, not a static token bucket.
+For an arriving request, the expected completion is estimated from the work queued ahead of
+it (its own tier and every tier above, retry lane included) and its own, in worker-seconds
+from the learned batch cost (`batcher/cost.py`: a fixed part per batch plus a part per
+character, so 100 long inputs weigh what they cost, not what 100 short ones do), over the
+ready workers less what higher tiers keep arriving with (they will overtake it while it
+waits), plus the run of its own last batch. A request whose own inputs, with the pool to
+itself, cannot be answered before its deadline is refused first (`deadline_unreachable`):
+it would hold workers for an answer nobody waits for. Over the tier's budget, the request
+is refused at once, with a Retry-After from the time the queue needs to drain. Free traffic
+has the smaller budget, so it is shed first; paid traffic is refused only when the paid
+queue alone cannot be served in time. This is throttling tied to the observed queue, not a
+static token bucket.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from batcher.cost import BatchCost
 from batcher.errors import DeadlineUnreachable, NoWorkerReady, OverBudget
 from batcher.types import MAX_BATCH, Tier
 
@@ -25,6 +30,8 @@ class AdmissionSettings:
     max_batch: int = MAX_BATCH
     initial_latency: float = 0.1  # batch latency assumed until one is measured
     smoothing: float = 0.2  # weight of the newest batch in the latency average
+    max_batch_chars: int | None = None  # a fixed cap on a batch's characters (None: learned)
+    longest_batch: float | None = None  # seconds the learned cap aims at (see `BatchCost`)
 
     def __post_init__(self) -> None:
         if set(self.budgets) != set(Tier):
@@ -39,20 +46,25 @@ MIN_SHARE = 0.05  # a tier is never assumed to get less than this share of the p
 
 
 class RateMeter:
-    """Arrivals per second, decaying exponentially with time constant `tau` seconds."""
+    """Arrivals per second, and their characters per second, decaying exponentially with
+    time constant `tau` seconds."""
 
-    __slots__ = ("_last", "_rate", "tau")
+    __slots__ = ("_chars", "_last", "_rate", "tau")
 
     def __init__(self, tau: float = 1.0) -> None:
         self.tau = tau
         self._rate = 0.0
+        self._chars = 0.0
         self._last = -math.inf
 
-    def add(self, n: int, now: float) -> None:
+    def add(self, n: int, now: float, chars: int = 0) -> None:
         if now == self._last:  # the same instant (a gateway's frame): nothing decayed
             self._rate += n / self.tau
+            self._chars += chars / self.tau
             return
-        self._rate = self.rate(now) + n / self.tau
+        decay = math.exp(-(now - self._last) / self.tau)  # 0 before the first arrival
+        self._rate = self._rate * decay + n / self.tau
+        self._chars = self._chars * decay + chars / self.tau
         self._last = now
 
     def rate(self, now: float) -> float:
@@ -60,58 +72,107 @@ class RateMeter:
             return 0.0
         return self._rate * math.exp(-(now - self._last) / self.tau)
 
+    def rates(self, now: float) -> tuple[float, float]:
+        """(items/s, characters/s)."""
+        if self._last == -math.inf:
+            return 0.0, 0.0
+        decay = math.exp(-(now - self._last) / self.tau)
+        return self._rate * decay, self._chars * decay
+
 
 class Admission:
     def __init__(self, settings: AdmissionSettings) -> None:
         self._settings = settings
         self._latency = settings.initial_latency
+        self.cost = BatchCost(settings.initial_latency, settings.max_batch,
+                              settings.max_batch_chars, settings.longest_batch)
+        self._per_item = 1 / settings.max_batch
 
     @property
     def batch_latency(self) -> float:
         return self._latency
 
-    def observe_batch(self, seconds: float) -> None:
-        """Fold a measured batch time into the latency estimate (an EWMA)."""
+    def observe_batch(self, seconds: float, chars: int = 0) -> None:
+        """Fold a measured batch into the latency average (an EWMA) and the cost line."""
         a = self._settings.smoothing
         self._latency = (1 - a) * self._latency + a * seconds
+        self.cost.observe(seconds, chars)
 
-    def throughput(self, workers: int) -> float:
-        """Items per second the pool can serve with full batches."""
-        return workers * self._settings.max_batch / self._latency
+    def estimate(
+        self, queued: int, workers: int, overtaking: float = 0.0, *, queued_chars: int = 0,
+        items: int = 1, chars: int = 0, overtaking_chars: float = 0.0,
+    ) -> float:
+        """Expected seconds until the last item of a request of `items` items (`chars`
+        characters) is answered, with `queued` items (`queued_chars` characters) served
+        before it, while higher tiers arrive at `overtaking` items/s (`overtaking_chars`
+        characters/s): they are served first."""
+        return self._times(queued, workers, overtaking, queued_chars, items, chars,
+                           overtaking_chars)[1]
 
-    def estimate(self, ahead: int, workers: int, overtaking: float = 0.0) -> float:
-        """Expected seconds until an item with `ahead` items before it is answered, while
-        higher tiers arrive at `overtaking` items/s (they are served first)."""
+    def _times(
+        self, queued: int, workers: int, overtaking: float, queued_chars: int, items: int,
+        chars: int, overtaking_chars: float,
+    ) -> tuple[float, float]:
+        """(alone, expected): the request's own work with the pool to itself, and with the
+        queue ahead and the overtaking tiers. Its last batch holds at most the cap's
+        characters (one input runs alone whatever its size); the rest is work ahead."""
         if workers <= 0:
-            return math.inf
-        full = self.throughput(workers)
-        left = max(full - overtaking, MIN_SHARE * full)
-        return ahead / left + self._latency
+            return math.inf, math.inf
+        cost = self.cost
+        cap, fixed, per_char, per_item = cost.cap, cost.fixed, cost.per_char, self._per_item
+        if items <= 1:  # the common case, kept cheap: the door admits thousands a second
+            last, own = chars, 0.0
+        else:
+            last = chars if chars <= cap else int(cap)
+            own = cost.work(items - 1, chars - last)
+        run = fixed + per_char * last
+        ahead = own
+        if queued > 0:  # `cost.work`, inline
+            ahead += max(queued * per_item, queued_chars / cap) * fixed + per_char * queued_chars
+        left: float = workers
+        if overtaking > 0:
+            used = cost.work(overtaking, overtaking_chars)
+            left = max(workers - used, MIN_SHARE * workers)
+        return own / workers + run, ahead / left + run
 
     def budget(self, tier: Tier) -> float:
         return self._settings.budgets[tier]
 
     def admits(
-        self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
+        self, tier: Tier, queued: int, workers: int, deadline_in: float,
+        overtaking: float = 0.0, queued_chars: int = 0, items: int = 1, chars: int = 0,
+        overtaking_chars: float = 0.0,
     ) -> bool:
-        """Whether an item with `ahead` items before it is admitted; counts no refusal."""
+        """Whether a request is admitted (see `estimate` for the arguments); counts no
+        refusal."""
         if workers <= 0:
             return False
-        if ahead <= 0:  # nothing queued ahead: refusing it would protect nobody
-            return True
-        expected = self.estimate(ahead, workers, overtaking)
-        return expected <= self._settings.budgets[tier] and expected <= deadline_in
+        if queued <= 0 and items <= 1 and chars <= self.cost.cap:
+            return True  # one plain batch and nothing ahead: refusing it protects nobody
+        alone, expected = self._times(queued, workers, overtaking, queued_chars, items, chars,
+                                      overtaking_chars)
+        return max(alone, expected) <= deadline_in and expected <= self._settings.budgets[tier]
 
     def check(
-        self, tier: Tier, ahead: int, workers: int, deadline_in: float, overtaking: float = 0.0
+        self, tier: Tier, queued: int, workers: int, deadline_in: float,
+        overtaking: float = 0.0, queued_chars: int = 0, items: int = 1, chars: int = 0,
+        overtaking_chars: float = 0.0,
     ) -> None:
         """Admit, or raise the `Overloaded` of the limit hit (with a Retry-After)."""
-        if self.admits(tier, ahead, workers, deadline_in, overtaking):
+        if self.admits(tier, queued, workers, deadline_in, overtaking, queued_chars, items,
+                       chars, overtaking_chars):
             return
         if workers <= 0:
             raise NoWorkerReady("no worker is ready", 1.0)
-        expected = self.estimate(ahead, workers, overtaking)
-        retry = expected - self._latency  # the time the queue ahead needs to drain
+        alone, expected = self._times(queued, workers, overtaking, queued_chars, items, chars,
+                                      overtaking_chars)
+        retry = max(0.0, expected - alone)  # the time the queue ahead needs to drain
+        if alone > deadline_in:  # decided here, before any of it holds a worker
+            raise DeadlineUnreachable(
+                f"its inputs alone need about {alone * 1000:.0f} ms, past the request's "
+                f"deadline of {deadline_in * 1000:.0f} ms: send fewer or shorter inputs",
+                retry,
+            )
         budget = self._settings.budgets[tier]
         if expected > budget:
             raise OverBudget(

@@ -81,37 +81,54 @@ class Batcher:
             raise Closed("the server is shutting down")
         tier = items[0].tier
         n = len(items)
+        chars = len(items[0].text) if n == 1 else sum(len(i.text) for i in items)
         if self._admission is not None:
-            ahead = self._queues.depth_through(tier) + n - 1
-            self._admission.check(tier, ahead, ready, deadline_in, self._overtaking(tier, now))
+            queues = self._queues
+            over, over_chars = self._overtaking(tier, now)
+            self._admission.check(tier, queues.depth_through(tier), ready, deadline_in, over,
+                                  queues.chars_through(tier), n, chars, over_chars)
         for item in items:
             item.enqueued = now
-        self._queues.put_all(items, tier)  # all or nothing
-        self._arrivals[tier].add(n, now)
+        self._queues.put_all(items, tier, chars)  # all or nothing
+        self._arrivals[tier].add(n, now, chars)
         self._recent.append((now, n))
 
     def admit_run(self, requests: Sequence[list[Item]], deadline_in: float, now: float,
                   ready: int) -> bool:
         """`admit` each of several requests of one tier and one deadline at one moment, in
-        one step when the last of them is admitted (then so is every earlier one: a wait
-        estimate only grows with the queue ahead). False, with nothing queued, when not;
-        the caller then admits them one by one to find which are refused."""
+        one step when each of them is admitted with the ones before it queued. While
+        characters cost nothing, checking the last one is enough (a wait estimate only
+        grows with the queue ahead). False, with nothing queued, when not; the caller then
+        admits them one by one to find which are refused."""
         if self._draining:
             return False
         tier = requests[0][0].tier
-        n = sum(map(len, requests))
-        if self._admission is not None:
-            ahead = self._queues.depth_through(tier) + n - 1
-            if not self._admission.admits(tier, ahead, ready, deadline_in,
-                                          self._overtaking(tier, now)):
-                return False
         items = [item for request in requests for item in request]
-        if not self._queues.fits(len(items), tier):
+        n = len(items)
+        each = [sum(len(i.text) for i in request) for request in requests]
+        chars = sum(each)
+        admission = self._admission
+        if admission is not None:
+            queues = self._queues
+            over, over_chars = self._overtaking(tier, now)
+            queued, queued_chars = queues.depth_through(tier), queues.chars_through(tier)
+            first = 0
+            if admission.cost.per_char <= 0 and admission.cost.cap == math.inf:
+                first = len(requests) - 1
+                queued += n - len(requests[-1])
+                queued_chars += chars - each[-1]
+            for request, own in zip(requests[first:], each[first:], strict=True):
+                if not admission.admits(tier, queued, ready, deadline_in, over, queued_chars,
+                                        len(request), own, over_chars):
+                    return False
+                queued += len(request)
+                queued_chars += own
+        if not self._queues.fits(n, tier):
             return False
         for item in items:
             item.enqueued = now
-        self._queues.put_all(items, tier)
-        self._arrivals[tier].add(n, now)
+        self._queues.put_all(items, tier, chars)
+        self._arrivals[tier].add(n, now, chars)
         self._recent.extend([(now, len(request)) for request in requests])
         return True
 
@@ -135,22 +152,34 @@ class Batcher:
         oldest = self._queues.oldest()
         if oldest is None:
             return None
+        queues = self._queues
+        max_chars = self.max_chars()
         reason = self._policy.decide(
-            pending=len(self._queues),
+            pending=len(queues),
             oldest_enqueued=-math.inf if self._draining else oldest.enqueued,
             now=now,
             pool=capacity,
-            retry=self._queues.has_retry(),
+            retry=queues.has_retry(),
+            pending_chars=queues.chars() if max_chars < math.inf else 0,
+            max_chars=max_chars,
         )
         if reason is None:
             return None
-        batch, expired = self._queues.pop_batch(self._policy.max_batch, now)
+        batch, expired = queues.pop_batch(self._policy.max_batch, now, max_chars)
         self._expired += len(expired)
         if batch:
             self._batches += 1
             self._items += len(batch)
             self._flushes[reason] += 1
         return Cut(batch, reason, expired)
+
+    def max_chars(self) -> float:
+        """Characters the next batch may hold: the policy's fixed cap, else what the
+        measured batch cost allows (inf without admission, which holds the cost)."""
+        fixed = self._policy.max_batch_chars
+        if fixed is not None:
+            return fixed
+        return math.inf if self._admission is None else self._admission.cost.cut_chars()
 
     def due(self) -> float:
         """When the oldest queued item's wait runs out (inf with nothing queued)."""
@@ -177,16 +206,23 @@ class Batcher:
         """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""
         if self._admission is None:
             return 0.0
+        over, over_chars = self._overtaking(tier, now)
         return self._admission.estimate(
-            self._queues.depth_through(tier), ready, self._overtaking(tier, now)
+            self._queues.depth_through(tier), ready, over,
+            queued_chars=self._queues.chars_through(tier), overtaking_chars=over_chars,
         )
 
-    def _overtaking(self, tier: Tier, now: float) -> float:
-        """Items/s arriving in tiers that will be served before `tier`."""
+    def _overtaking(self, tier: Tier, now: float) -> tuple[float, float]:
+        """Items/s and characters/s arriving in tiers that will be served before `tier`."""
         above = self._above[tier]
         if not above:  # the top tier: nothing overtakes it
-            return 0.0
-        return sum(self._arrivals[t].rate(now) for t in above)
+            return 0.0, 0.0
+        items = chars = 0.0
+        for t in above:
+            rate, char_rate = self._arrivals[t].rates(now)
+            items += rate
+            chars += char_rate
+        return items, chars
 
     def statistics(self, now: float) -> BatcherStatistics:
         q = self._queues.statistics()

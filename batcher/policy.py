@@ -6,6 +6,7 @@ worker is busy and the queue, not a pile of premature small batches, absorbs the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from batcher.types import MAX_BATCH, FlushReason
@@ -35,6 +36,7 @@ class FlushPolicy:
     max_wait: float = 0.050
     idle_trigger: bool = True
     spare: float = 1.5
+    max_batch_chars: int | None = None  # a fixed cap on characters per batch (None: learned)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= MAX_BATCH:
@@ -43,6 +45,8 @@ class FlushPolicy:
             raise ValueError(f"max_wait must be >= 0 seconds, got {self.max_wait}")
         if self.spare < 0:
             raise ValueError(f"spare must be >= 0, got {self.spare}")
+        if self.max_batch_chars is not None and self.max_batch_chars < 1:
+            raise ValueError(f"max_batch_chars must be at least 1, got {self.max_batch_chars}")
 
     def due(self, oldest_enqueued: float) -> float:
         """When the oldest item's wait runs out. The owner's timer and `decide` share this
@@ -56,17 +60,19 @@ class FlushPolicy:
 
     def decide(
         self, *, pending: int, oldest_enqueued: float, now: float, pool: Capacity, retry: bool,
+        pending_chars: int = 0, max_chars: float = math.inf,
     ) -> FlushReason | None:
         """Return why to flush now, or None to keep waiting.
 
         `retry` says whether re-routed items are pending (they already waited once: they
-        never wait again).
+        never wait again). A batch is full at `max_batch` items or at `max_chars` characters
+        pending (`pending_chars`): waiting could not make it fuller.
         """
         if pool.idle <= 0 or pending <= 0:
             return None
         if retry:
             return FlushReason.RETRY
-        if pending >= self.max_batch:
+        if pending >= self.max_batch or pending_chars >= max_chars:
             return FlushReason.FULL
         if now >= self.due(oldest_enqueued):
             return FlushReason.TIMEOUT

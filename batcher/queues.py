@@ -2,13 +2,15 @@
 
 Cancelled items (client gone, deadline passed) stay in their deque until they reach its
 head, where they are trimmed: removal from the middle of a deque is O(n), and a flag is
-O(1). Counts always reflect live items only. So that memory stays bounded by the caps
-however items leave (a busy pool and clients that all give up), a lane whose deque holds
-more than twice its live items is compacted: amortised O(1) per cancellation.
+O(1). Counts, of items and of their characters (what admission weighs and a cut is capped
+by), always reflect live items only. So that memory stays bounded by the caps however
+items leave (a busy pool and clients that all give up), a lane whose deque holds more than
+twice its live items is compacted: amortised O(1) per cancellation.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ class TierQueues:
         self._capacity = dict(capacity)
         self._lanes: list[deque[Item]] = [deque() for _ in Lane]
         self._live = [0 for _ in Lane]
+        self._chars = [0 for _ in Lane]  # characters of the live items, per lane
         self._total = 0  # sum of _live, kept on every change: read on every arrival
 
     def __len__(self) -> int:
@@ -51,13 +54,21 @@ class TierQueues:
         """Live items that would run before a new item of `tier` (its own tier and above)."""
         return sum(self._live[: LANE_OF[tier] + 1])
 
+    def chars_through(self, tier: Tier) -> int:
+        """Characters of the live items that would run before a new item of `tier`."""
+        return sum(self._chars[: LANE_OF[tier] + 1])
+
+    def chars(self) -> int:
+        """Characters of every live item."""
+        return sum(self._chars)
+
     def fits(self, n: int, tier: Tier) -> bool:
         """Whether `n` more items of `tier` stay within its hard cap."""
         return self._live[LANE_OF[tier]] + n <= self._capacity[tier]
 
-    def put_all(self, items: list[Item], tier: Tier) -> None:
-        """Append a request's items (all of `tier`) together, or raise QueueFull at the
-        tier's hard cap and queue none."""
+    def put_all(self, items: list[Item], tier: Tier, chars: int = -1) -> None:
+        """Append a request's items (all of `tier`, `chars` characters when the caller has
+        counted them) together, or raise QueueFull at the tier's hard cap and queue none."""
         lane = LANE_OF[tier]
         n = len(items)
         if self._live[lane] + n > self._capacity[tier]:
@@ -66,6 +77,7 @@ class TierQueues:
             item.lane = lane
         self._lanes[lane].extend(items)
         self._live[lane] += n
+        self._chars[lane] += chars if chars >= 0 else sum(len(i.text) for i in items)
         self._total += n
 
     def put_nowait(self, item: Item) -> None:
@@ -79,6 +91,7 @@ class TierQueues:
             item.lane = Lane.RETRY
         self._lanes[Lane.RETRY].extendleft(reversed(fresh))
         self._live[Lane.RETRY] += len(fresh)
+        self._chars[Lane.RETRY] += sum(len(i.text) for i in fresh)
         self._total += len(fresh)
 
     def cancel(self, item: Item) -> None:
@@ -89,6 +102,7 @@ class TierQueues:
         lane = item.lane
         if lane >= 0:
             self._live[lane] -= 1
+            self._chars[lane] -= len(item.text)
             self._total -= 1
             item.lane = -1
             dq = self._lanes[lane]
@@ -107,28 +121,45 @@ class TierQueues:
     def has_retry(self) -> bool:
         return self._head(Lane.RETRY) is not None
 
-    def pop_batch(self, limit: int, now: float) -> tuple[list[Item], list[Item]]:
-        """Take up to `limit` live items in priority order.
+    def pop_batch(
+        self, limit: int, now: float, max_chars: float = math.inf
+    ) -> tuple[list[Item], list[Item]]:
+        """Take up to `limit` live items in priority order, holding at most `max_chars`
+        characters, except that the first item is always taken (one input longer than the
+        cap runs alone). The cut stops at the first item that does not fit: no later or
+        lower-tier item goes ahead of it.
 
         Returns (batch, expired): expired items had passed their deadline and are removed
         without running; the caller answers them.
         """
         batch: list[Item] = []
         expired: list[Item] = []
+        held = 0  # characters in the batch
+        full = False
         for lane in Lane:
             dq = self._lanes[lane]
+            held_before, taken_before, gone = held, len(batch) + len(expired), 0
             while dq and len(batch) < limit:
                 item = dq.popleft()
                 if item.cancelled:
                     continue
-                self._live[lane] -= 1
-                self._total -= 1
+                size = len(item.text)
+                if held + size > max_chars and batch and item.deadline > now:
+                    dq.appendleft(item)  # it heads the next batch
+                    full = True
+                    break
                 item.lane = -1
                 if item.deadline <= now:
                     expired.append(item)
+                    gone += size
                 else:
                     batch.append(item)
-            if len(batch) >= limit:
+                    held += size
+            taken = len(batch) + len(expired) - taken_before
+            self._live[lane] -= taken
+            self._total -= taken
+            self._chars[lane] -= held - held_before + gone
+            if full or len(batch) >= limit:
                 break
         return batch, expired
 
@@ -140,6 +171,7 @@ class TierQueues:
         for item in out:
             item.lane = -1
         self._live = [0 for _ in Lane]
+        self._chars = [0 for _ in Lane]
         self._total = 0
         return out
 

@@ -80,6 +80,7 @@ class Item:
     batch: int = -1  # the batch it was last cut into (for the access log)
     flights: int = 0  # batches now running it (two while a stalled batch is hedged)
     done: bool = False  # answered, or failed for good: a twin batch's answer is dropped
+    caller: str | None = None  # whose it is (an account), charged if it kills workers
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

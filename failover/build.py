@@ -33,12 +33,23 @@ class CoreSettings:
                    hang=HangSettings(hedge=False, kill_after=math.inf))
 
 
+def longest_batch(settings: CoreSettings) -> float | None:
+    """What a batch of long inputs may take: half of what the top tier's budget leaves after
+    the wait for a fuller batch, so that a top-tier item that waits for one such batch and
+    runs in another is still answered within it (None when the budget is past reach)."""
+    budget = settings.budgets[min(Tier)]
+    room = (budget - settings.policy.max_wait) / 2
+    return room if 0 < room < math.inf else None
+
+
 def build_core(settings: CoreSettings, times: BatchTimes | None = None) -> DispatchCore:
     """A dispatch core; `times` replaces the batch-time record built from `settings.hang`
     (a test's, primed as if batches had run)."""
     admission = Admission(AdmissionSettings(
         budgets=dict(settings.budgets), max_batch=settings.policy.max_batch,
         initial_latency=settings.initial_latency,
+        max_batch_chars=settings.policy.max_batch_chars,
+        longest_batch=longest_batch(settings),
     ))
     queues = TierQueues(dict.fromkeys(Tier, settings.queue_capacity))
     table = InFlightTable(max_attempts=settings.max_attempts,
@@ -47,4 +58,4 @@ def build_core(settings: CoreSettings, times: BatchTimes | None = None) -> Dispa
     return DispatchCore(Batcher(queues, settings.policy, admission), table, admission)
 
 
-__all__ = ["CoreSettings", "build_core"]
+__all__ = ["CoreSettings", "build_core", "longest_batch"]

@@ -30,13 +30,24 @@ from batcher import (
     Item,
     Tier,
 )
-from failover.errors import ContractViolation, ModelError, QueryOfDeath, ShuttingDown
+from batcher.types import LANE_OF
+from failover.errors import (
+    CallerRefused,
+    ContractViolation,
+    ModelError,
+    QueryOfDeath,
+    ShuttingDown,
+    SuspectInput,
+)
+from failover.offenders import Offenders
 from failover.quarantine import Quarantine
-from failover.table import InFlightTable, TableStatistics
+from failover.table import Group, InFlightTable, Kind, TableStatistics
 from gpu_pool import Err, Ok, Run, WorkerId
 
 Result = tuple[Item, str | BaseException]
 Refusal = BatchgateError  # why `admit` turned a request away
+SUSPECT_TTL = 60.0  # seconds an input stays under suspicion at most
+SUSPECT_RETRY_AFTER = 5.0  # what a resent suspect is told: about one stall's judgement
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +70,14 @@ class CoreActions:
     kill: list[WorkerId] = field(default_factory=list)
     settle: list[Result] = field(default_factory=list)
     batch_seconds: list[float] = field(default_factory=list)  # model time of answered batches
+    forgive: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
         self.kill += other.kill
         self.settle += other.settle
         self.batch_seconds += other.batch_seconds
+        self.forgive += other.forgive
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +99,7 @@ class DispatchCore:
         self._busy_seconds = 0.0
         self._hangs = 0
         self._quarantine = Quarantine()
+        self._offenders = Offenders()
 
     # -- the front door's events -----------------------------------------------------------
     def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
@@ -115,7 +129,8 @@ class DispatchCore:
             while (stop < end and requests[stop][1] == deadline_in
                    and requests[stop][0][0].tier is tier):
                 stop += 1
-            if stop - start > 1 and not self._quarantine and self._batcher.admit_run(
+            if stop - start > 1 and not self._quarantine and not self._offenders and \
+                    self._batcher.admit_run(
                     [items for items, _ in requests[start:stop]], deadline_in, now, ready):
                 refusals += [None] * (stop - start)
             else:
@@ -131,20 +146,41 @@ class DispatchCore:
     def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:
         if self._quarantine and self._quarantine.holds((i.text for i in items), now):
             raise QueryOfDeath("this input killed a worker when run alone; refused for a while")
+        if self._table.suspected and self._suspect(items, now):
+            raise SuspectInput("this input's last run stalled or killed its worker; it is "
+                               "being judged", retry_after=SUSPECT_RETRY_AFTER)
+        if self._offenders and (wait := self._offenders.refused_for(items[0].caller, now)):
+            raise CallerRefused("inputs of this caller killed workers again and again; "
+                                "refused for a while", retry_after=wait)
         self._batcher.admit(items, deadline_in, now, ready)
+
+    def _suspect(self, items: list[Item], now: float) -> bool:
+        """Whether an input is under suspicion; suspicions older than `SUSPECT_TTL` are
+        forgotten (an input judged innocent is cleared when answered, a guilty one is
+        in quarantine)."""
+        suspected = self._table.suspected
+        while suspected and next(iter(suspected.values())) <= now - SUSPECT_TTL:
+            del suspected[next(iter(suspected))]
+        return any(i.text in suspected for i in items)
 
     def _must_turn(self, was_empty: bool, now: float) -> bool:
         idle = self._table.idle_count()
-        if idle <= 0 or len(self._batcher) == 0:
+        if idle <= 0:
+            return False
+        if self._table.has_groups() and self._table.runnable(self._group_may_run) is not None:
+            return True
+        if len(self._batcher) == 0:
             return False
         if was_empty or len(self._batcher) >= self._max_batch:
             return True
         policy = self._batcher.policy
         return idle > 1 and policy.idle_trigger and policy.spare_capacity(self._capacity(now))
 
-    def cancel(self, item: Item) -> None:
-        """The waiter gave up: never run this item (O(1))."""
+    def cancel(self, item: Item) -> bool:
+        """The waiter gave up: never run this item (O(1)). True when the owner must take a
+        turn: a group waiting behind queued work of a better tier may run now."""
         self._batcher.cancel(item)
+        return self._table.has_groups() and self._table.idle_count() > 0
 
     def drain(self) -> None:
         """Stop admitting; everything queued is cut at once from the next step on."""
@@ -162,7 +198,8 @@ class DispatchCore:
         if isinstance(reply, Ok):
             actions = self._table.on_ok(worker, reply.batch_id, reply.outputs, reply.seconds)
             if actions.deliver and not actions.discarded:
-                self._admission.observe_batch(reply.seconds)
+                chars = sum(len(item.text) for item, _ in actions.deliver)
+                self._admission.observe_batch(reply.seconds, chars)
                 out.batch_seconds.append(reply.seconds)
         else:
             error_cls = ContractViolation if reply.kind == "contract" else ModelError
@@ -176,13 +213,13 @@ class DispatchCore:
 
     def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
         self._stop_clock(worker, now)
-        actions = self._table.on_worker_died(worker)
+        actions = self._table.on_worker_died(worker, now)
         for item, result in actions.deliver:
             if isinstance(result, QueryOfDeath):
                 self._quarantine.add(item.text, now)
-        if actions.retry:
-            self._batcher.push_retry(actions.retry, now)
-        out = CoreActions(settle=list(actions.deliver))
+                self._offenders.convicted(item.caller, now)
+        self._table.requeue(actions.retry)
+        out = CoreActions(settle=list(actions.deliver), forgive=actions.forgive)
         return self._pump(now, out)
 
     # -- time ------------------------------------------------------------------------------
@@ -205,6 +242,8 @@ class DispatchCore:
         hang = self._table.next_hang_deadline()
         if self._table.idle_count() <= 0:
             return hang
+        if self._table.has_groups() and self._table.runnable(self._group_may_run) is not None:
+            return -math.inf
         due = -math.inf if self._batcher.draining and len(self._batcher) else self._batcher.due()
         return min(hang, due)
 
@@ -231,6 +270,10 @@ class DispatchCore:
     def draining(self) -> bool:
         return self._batcher.draining
 
+    def grouped(self) -> set[int]:
+        """The ids of the items waiting to run again in the table's groups."""
+        return self._table.grouped()
+
     def statistics(self, now: float) -> CoreStatistics:
         return CoreStatistics(
             batcher=self._batcher.statistics(now),
@@ -251,12 +294,17 @@ class DispatchCore:
     def _pump(
         self, now: float, out: CoreActions, freed: tuple[WorkerId, float] | None = None
     ) -> CoreActions:
-        """Give idle workers to bisected groups first, then cut batches while due."""
-        while (group := self._table.next_group(now)) is not None:
-            self._sent_at[group.worker] = now
-            out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None))
+        """Give idle workers to the groups that may run first, then cut batches while due;
+        a cut can let a group of a lower tier run, so groups are asked again after each."""
         needed = -1.0
-        while self._table.idle_count() > 0:
+        table = self._table
+        while table.idle_count() > 0:
+            if table.has_groups():
+                group = table.next_group(now, self._group_may_run)
+                if group is not None:
+                    self._sent_at[group.worker] = now
+                    out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None))
+                    continue
             if needed < 0:
                 needed = self._needed(now)
             capacity = Capacity(
@@ -278,6 +326,20 @@ class DispatchCore:
             gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
             out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap))
         return out
+
+    def _group_may_run(self, group: Group) -> bool:
+        """Groups keep their items' tier: none runs while a better tier has work queued.
+        Runs that may never come back leave one worker of a pool of several to everyone
+        else (except while draining): isolation runs of inputs that killed workers, and
+        free re-runs and hedges; a paid re-run or hedge goes at once, to any worker."""
+        queues = self._batcher.queues
+        if queues.depth_through(group.tier) > queues.depth(LANE_OF[group.tier]):
+            return False
+        table = self._table
+        if table.peak_ready <= 1 or self._batcher.draining:
+            return True
+        risky = group.killed if group.kind is Kind.ISOLATE else group.tier is not Tier.PAID
+        return not risky or table.ready_count() - table.suspect_count() >= 2
 
     def _stop_clock(self, worker: WorkerId, now: float) -> None:
         started = self._sent_at.pop(worker, None)

@@ -4,6 +4,8 @@
     ├── WorkerCrashed        table: the item's batch died with its worker `max_attempts` times
     ├── ShuttingDown         core: shut down before the item ran
     ├── QueryOfDeath         table: run alone, the item killed its worker (refused on sight)
+    ├── CallerRefused        core: this caller's inputs keep killing workers (for a while)
+    ├── SuspectInput         core: the same input is being judged (it stalled or killed)
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
     └── IdempotencyMismatch  idempotency: the same key came back with another body
@@ -33,6 +35,29 @@ class QueryOfDeath(BatchgateError):
     code = "query_of_death"
 
 
+class CallerRefused(BatchgateError):
+    """The caller's inputs were convicted as queries of death again and again: all its
+    requests are refused for a while, so that fresh crashing inputs cannot spend the
+    pool's restarts."""
+
+    code = "caller_refused"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class SuspectInput(BatchgateError):
+    """The same input is under judgement: its last run stalled or killed its worker. Run
+    beside it, it would take a second worker down before the verdict."""
+
+    code = "suspect_input"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ModelError(BatchgateError):
     """The model raised on this item; carries the exception type, never a traceback."""
 
@@ -57,10 +82,12 @@ class IdempotencyMismatch(BatchgateError):
 
 
 __all__ = [
+    "CallerRefused",
     "ContractViolation",
     "IdempotencyMismatch",
     "ModelError",
     "QueryOfDeath",
     "ShuttingDown",
+    "SuspectInput",
     "WorkerCrashed",
 ]

@@ -85,5 +85,15 @@ class BatchTimes:
             return s.cold_kill
         return max(s.kill_floor, s.kill_factor * self.expected(chars))
 
+    def stall_after(self, chars: int) -> float:
+        """When a run of suspects (inputs that already killed or stalled a worker) counts
+        as hung: where a fresh batch would be hedged, hedging on or off (inf while nothing
+        is learned: then the kill limit judges)."""
+        s = self.settings
+        if not self.learned:
+            return math.inf
+        stall = max(s.hedge_floor, s.hedge_factor * self.expected(chars))
+        return min(self.kill_after(chars), stall)
+
 
 __all__ = ["BatchTimes", "HangSettings"]

@@ -6,6 +6,10 @@ queued event to the core with one reading of the clock, then performs the action
 core's order: batches out to workers first, then kills, then answers to waiters. Between
 turns it sleeps until an event arrives or the core's next deadline passes. Nothing calls
 back into the core, so no decision ever runs inside another.
+
+A wake much later than asked for means the owner's own loop stood still (the process was
+stopped, a long pause): the core is told, so that no batch is judged hung for time its
+worker spent answering into a pipe nobody read, and those answers are read before the turn.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from anyio.abc import TaskStatus
 from batcher import Clock, FlushReason, Item, Tier
 from failover.core import CoreActions, CoreStatistics, DispatchCore, Refusal
 from gpu_pool import Err, Ok, Pool, WorkerId
+
+STALL_S = 0.1
+"""A wake this much later than the owner asked for (or than its last turn, if that ran
+past the deadline) means its loop stood still."""
+STALL_READS = 2
+"""Loop passes the owner lets go by after a stall before its turn: the timer that woke it
+may run before the loop reads the workers' pipes (uvloop runs due timers first), and one
+pass reads them."""
 
 
 class CoreObserver(Protocol):
@@ -73,6 +85,7 @@ class CoreOwner:
         self._inbox: deque[_Ready | _Reply | _Died] = deque()
         self._wake = anyio.Event()
         self._finished = anyio.Event()
+        self._turned_at = -math.inf  # the clock at the start of the last turn
 
     # -- the pool's events: queued for the next turn ---------------------------------------
     def worker_ready(self, worker: WorkerId) -> None:
@@ -105,7 +118,8 @@ class CoreOwner:
         return refusals
 
     def cancel(self, item: Item) -> None:
-        self._core.cancel(item)
+        if self._core.cancel(item):
+            self._wake.set()
 
     def drain(self) -> None:
         """Stop admitting; `run` returns once everything queued and in flight is answered."""
@@ -145,8 +159,18 @@ class CoreOwner:
                         await self._wake.wait()
                 else:  # due already: turn again, but never starve the loop doing so
                     await anyio.lowlevel.checkpoint()
+                late = self._clock.now() - max(deadline, self._turned_at)
+                if late > STALL_S:
+                    await self._stalled(late)
         finally:
             self._finished.set()
+
+    async def _stalled(self, seconds: float) -> None:
+        """The loop stood still for at least `seconds`: no batch's clock ran meanwhile, and
+        what the workers answered meanwhile is read before any batch is judged."""
+        self._core.stalled(seconds)
+        for _ in range(STALL_READS):
+            await anyio.lowlevel.checkpoint()
 
     async def wait_finished(self) -> None:
         await self._finished.wait()
@@ -156,7 +180,7 @@ class CoreOwner:
         self._perform(self._core.abandon())
 
     def _turn(self) -> None:
-        now = self._clock.now()
+        now = self._turned_at = self._clock.now()
         core, actions = self._core, CoreActions()
         while self._inbox:
             event = self._inbox.popleft()
@@ -176,6 +200,8 @@ class CoreOwner:
             observer.batch_sent(len(send.run.inputs), send.reason, send.idle_gap)
         for worker in actions.kill:
             self._pool.kill(worker)
+        for worker in actions.forgive:
+            self._pool.forgive(worker)
         for seconds in actions.batch_seconds:
             observer.batch_done(seconds)
         for item, result in actions.settle:

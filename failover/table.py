@@ -18,16 +18,30 @@ Judging a failure: a failed run convicts only when every member it ran with is s
 table's to judge. A member withdrawn meanwhile (its client left, its deadline passed) may
 have been the culprit, so the survivors run again together, a fresh isolation; an input is
 a query of death only once it crashed a worker run alone.
+
+Suspects: once its batch killed a worker, an item runs until it is answered or convicted,
+whether or not its client is still there, so that an input that kills every worker it meets
+is caught even when its sender leaves at once (re-runs are bounded by `max_attempts`). A
+hedge that stalls as its original did is evidence against the inputs, not the workers: both
+are killed and the items count a death each. Runs of suspects are killed once they stall
+(past the time a hedge would start), not after the far longer hang limit.
+
+Groups (re-runs after a death, isolation runs, hedges) wait in the table for an idle worker
+and keep their items' tier: the core lets a group run only when no better tier has work
+queued, and lets isolation runs hold every worker but one, so that a query of death under
+investigation never takes the whole pool.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batcher import Item
+from batcher import Item, Tier
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
 from failover.hang import BatchTimes
 from gpu_pool import BatchId, WorkerId
@@ -42,6 +56,40 @@ class _Lineage:
     budget: int
 
 
+class Kind(enum.Enum):
+    """Why a group runs again."""
+
+    RETRY = "retry"  # its batch's worker died once: run it again, whole
+    ISOLATE = "isolate"  # died twice, or a model error: halved until the culprit runs alone
+    HEDGE = "hedge"  # its batch stalled: a second copy elsewhere, the first answer wins
+
+
+@dataclass(slots=True)
+class Group:
+    """Items waiting in the table for a worker, ahead of new batches of their tier."""
+
+    items: list[Item]
+    kind: Kind
+    lineage: _Lineage | None = None
+    twin: BatchId | None = None  # a hedge: the batch it copies
+    tier: Tier = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tier = min(i.tier for i in self.items)
+
+    @property
+    def killed(self) -> bool:
+        """Its items killed a worker (rather than made the model raise)."""
+        return any(i.attempts for i in self.items)
+
+    def live(self) -> list[Item]:
+        """The items still to run: a hedge's only while someone waits for them; a
+        suspect's until it is answered or convicted."""
+        if self.kind is Kind.HEDGE:
+            return [i for i in self.items if not i.done and not i.cancelled]
+        return [i for i in self.items if not i.done]
+
+
 @dataclass(slots=True)
 class InFlight:
     batch_id: BatchId
@@ -52,6 +100,15 @@ class InFlight:
     hedge_deadline: float  # re-run elsewhere past this (inf: never)
     chars: int
     lineage: _Lineage | None = None
+    kind: Kind | None = None  # None: a fresh batch
+    twin: BatchId | None = None
+    stall_deadline: float = math.inf  # a run of suspects: its worker is killed past this
+    stalled: bool = False  # hedged: it ran far past its expected time
+
+    @property
+    def suspect(self) -> bool:
+        """Running inputs that stalled or killed a worker: it may never come back."""
+        return self.stalled or self.kind is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +127,7 @@ class Actions:
     deliver: list[Result] = field(default_factory=list)
     retry: list[Item] = field(default_factory=list)
     discarded: bool = False  # the event was stale (fencing) and changed nothing
+    forgive: list[WorkerId] = field(default_factory=list)  # deaths a convicted input caused
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +159,14 @@ class InFlightTable:
         self._idle: dict[WorkerId, None] = {}  # insertion-ordered set
         self._busy: dict[WorkerId, BatchId] = {}
         self._batches: dict[BatchId, InFlight] = {}
-        # Bisected groups and hedges waiting for an idle worker; they go before new batches.
-        # A waiting hedge counts as one of its items' flights: no one else re-runs them.
-        self._groups: deque[tuple[list[Item], _Lineage | None]] = deque()
+        # Groups waiting for an idle worker. A waiting hedge counts as one of its items'
+        # flights: no one else re-runs them.
+        self._groups: deque[Group] = deque()
+        self.peak_ready = 0  # the most workers ever up at once: the pool's size, as seen
+        # Texts of inputs under suspicion (their batch stalled, or its worker died), by
+        # when they became suspects: the same text sent again is not run beside them.
+        self.suspected: dict[str, float] = {}
+        self._killed: dict[int, list[WorkerId]] = {}  # by item id: workers that died under it
         self._crashes = self._reroutes = self._rerouted_items = 0
         self._discarded = self._bisect_runs = self._model_errors = self._hedges = 0
 
@@ -113,10 +176,21 @@ class InFlightTable:
         if worker in self._busy or worker in self._idle:
             raise ValueError(f"worker {worker} is already up")
         self._idle[worker] = None
+        self.peak_ready = max(self.peak_ready, self.ready_count())
 
     def idle_count(self) -> int:
-        """Idle workers not already claimed by a bisected group waiting to run."""
-        return max(0, len(self._idle) - len(self._groups))
+        return len(self._idle)
+
+    def has_groups(self) -> bool:
+        return bool(self._groups)
+
+    def grouped(self) -> set[int]:
+        """The ids of the items waiting in groups (for tests and the status page)."""
+        return {i.id for group in self._groups for i in group.items}
+
+    def suspect_count(self) -> int:
+        """Workers running suspects: re-runs, isolation runs, hedges, stalled batches."""
+        return sum(b.suspect for b in self._batches.values())
 
     def ready_count(self) -> int:
         return len(self._idle) + len(self._busy)
@@ -128,27 +202,39 @@ class InFlightTable:
     # -- dispatch ------------------------------------------------------------------------
     def assign(self, items: list[Item], now: float) -> Dispatch:
         """Record a new batch on an idle worker; the caller sends it."""
-        return self._assign(items, now, None, hedge=True)
+        return self._assign(items, now, None)
 
-    def next_group(self, now: float) -> Dispatch | None:
-        """A bisected group or a hedge waiting for a worker, assigned to an idle one, if
-        both exist. Items answered or given up on meanwhile are left out."""
-        while self._groups and self._idle:
-            group, lineage = self._groups.popleft()
-            if lineage is None:  # a hedge: its waiting flight lands
-                for item in group:
+    def next_group(
+        self, now: float, allowed: Callable[[Group], bool] = lambda group: True
+    ) -> Dispatch | None:
+        """The best waiting group that `allowed` lets run (its tier first, then the
+        oldest), assigned to an idle worker, if both exist. A group left with nothing to
+        run is dropped."""
+        while self._idle:
+            group = self.runnable(allowed)
+            if group is None:
+                return None
+            self._groups.remove(group)
+            if group.kind is Kind.HEDGE:  # its waiting flight lands
+                for item in group.items:
                     item.flights -= 1
-            items = [i for i in group if not i.done and not i.cancelled]
+            items = group.live()
             if items:
-                return self._assign(items, now, lineage, hedge=False)
+                return self._assign(items, now, group)
         return None
 
-    def _assign(
-        self, items: list[Item], now: float, lineage: _Lineage | None, *, hedge: bool
-    ) -> Dispatch:
-        """`hedge`: the batch may be re-run elsewhere if it stalls. Never a hedge itself, a
-        bisected group, or items that already cost a worker: a query that hangs every
-        worker it meets must not take two at a time."""
+    def runnable(self, allowed: Callable[[Group], bool]) -> Group | None:
+        """The group `next_group` would run now, if a worker were idle."""
+        best: Group | None = None
+        for group in self._groups:
+            if (best is None or group.tier < best.tier) and allowed(group):
+                best = group
+        return best
+
+    def _assign(self, items: list[Item], now: float, group: Group | None) -> Dispatch:
+        """A fresh batch may be hedged if it stalls; never a group, nor items that already
+        cost a worker: a query that hangs every worker it meets must not take two at a
+        time. A group's run is killed once it stalls."""
         if not items:
             raise ValueError("a batch holds at least one item")
         worker, _ = self._idle.popitem()
@@ -156,14 +242,19 @@ class InFlightTable:
         self._busy[worker] = batch_id
         texts = tuple(i.text for i in items)
         chars = sum(map(len, texts))
+        hedge = group is None
         for item in items:
             item.flights += 1
             hedge = hedge and item.attempts == 0
         times = self.times
-        self._batches[batch_id] = InFlight(
+        flight = InFlight(
             batch_id, worker, items, now, now + times.kill_after(chars),
-            now + times.hedge_after(chars) if hedge else math.inf, chars, lineage,
+            now + times.hedge_after(chars) if hedge else math.inf, chars,
         )
+        if group is not None:
+            flight.lineage, flight.kind, flight.twin = group.lineage, group.kind, group.twin
+            flight.stall_deadline = now + times.stall_after(chars)
+        self._batches[batch_id] = flight
         return Dispatch(batch_id, worker, texts)
 
     # -- answers -------------------------------------------------------------------------
@@ -180,6 +271,12 @@ class InFlightTable:
             return self._failed(batch, ContractViolation("ContractViolation", detail))
         if seconds is not None:
             self.times.observe(seconds, batch.chars)
+        if self.suspected:  # answered: cleared
+            for item in batch.items:
+                self.suspected.pop(item.text, None)
+        if self._killed:
+            for item in batch.items:
+                self._killed.pop(item.id, None)
         deliver: list[Result] = []
         for item, output in zip(batch.items, outputs, strict=True):
             if not item.done:  # else its hedge (or the batch it hedged) answered first
@@ -206,7 +303,7 @@ class InFlightTable:
             return Actions()
         if len(items) <= 1:
             self._model_errors += len(items)
-            return Actions(deliver=_settled([(i, error) for i in items]))
+            return Actions(deliver=self._judged(_settled([(i, error) for i in items])))
         self._split(items, batch.lineage or _Lineage(self._bisect_budget))
         return Actions()
 
@@ -221,13 +318,30 @@ class InFlightTable:
         else:
             groups = [[item] for item in items]
         self._bisect_runs += len(groups)
-        self._groups.extend((group, lineage) for group in groups)
+        self._groups.extend(Group(group, Kind.ISOLATE, lineage) for group in groups)
 
     def _rerun(self, items: list[Item]) -> None:
         """Queue the survivors of a run that lost a member as one group, a fresh isolation.
         Each such re-run holds fewer items than the run before it: bounded."""
         self._bisect_runs += 1
-        self._groups.append((items, _Lineage(self._bisect_budget)))
+        self._groups.append(Group(items, Kind.ISOLATE, _Lineage(self._bisect_budget)))
+
+    def requeue(self, items: list[Item]) -> None:
+        """Run again, before new work of their tier, the items of a batch whose worker
+        died once (`Actions.retry`): one group per tier, so that a paid item re-run at
+        once on any worker never rides with a free input that may be the killer."""
+        for tier in Tier:
+            group = [i for i in items if i.tier is tier]
+            if group:
+                self._groups.append(Group(group, Kind.RETRY))
+
+    def _judged(self, results: list[Result]) -> list[Result]:
+        """Settled for good: no longer suspects (a convicted input is in quarantine)."""
+        if self.suspected or self._killed:
+            for item, _ in results:
+                self.suspected.pop(item.text, None)
+                self._killed.pop(item.id, None)
+        return results
 
     def _take(self, worker: WorkerId, batch_id: BatchId) -> InFlight | None:
         """Close a batch if (worker, batch_id) is the live dispatch; None if stale."""
@@ -250,8 +364,14 @@ class InFlightTable:
         given up on, and carried by no other batch (a hedge still running decides)."""
         return [i for i in batch.items if not i.done and not i.cancelled and i.flights == 0]
 
+    @staticmethod
+    def _suspects(batch: InFlight) -> list[Item]:
+        """The items of a batch whose worker died that stay to be judged: every member
+        not answered and carried by no other batch, its client there or not."""
+        return [i for i in batch.items if not i.done and i.flights == 0]
+
     # -- faults --------------------------------------------------------------------------
-    def on_worker_died(self, worker: WorkerId) -> Actions:
+    def on_worker_died(self, worker: WorkerId, now: float = 0.0) -> Actions:
         """Forget the worker; its batch's items go back to the retry lane or fail."""
         self._idle.pop(worker, None)
         batch_id = self._busy.pop(worker, None)
@@ -259,18 +379,27 @@ class InFlightTable:
             return Actions()
         self._crashes += 1
         batch = self._landed(self._batches.pop(batch_id))
+        for item in batch.items:
+            if not item.done:
+                self._killed.setdefault(item.id, []).append(worker)
+        for group in [g for g in self._groups if g.twin == batch_id]:
+            self._groups.remove(group)  # a hedge still waiting: the re-run takes its place
+            for item in group.items:
+                item.flights -= 1
         actions = Actions()
-        items = self._orphans(batch)
+        items = self._suspects(batch)
         alone = len(batch.items) == 1  # only a crash alone convicts (and quarantines)
         suspects: list[Item] = []
         for item in items:
             item.attempts += 1
-            if item.attempts >= self._max_attempts:
-                crashed = WorkerCrashed(f"the item's worker died {item.attempts} times")
-                actions.deliver.append((item, crashed))
-            elif item.attempts >= 2 and alone:
+            self.suspected.setdefault(item.text, now)
+            if item.attempts >= 2 and alone:  # the evidence, however many runs it took
                 killer = QueryOfDeath("run alone, this input killed its worker")
                 actions.deliver.append((item, killer))
+                actions.forgive += self._killed.pop(item.id, ())
+            elif item.attempts >= self._max_attempts:
+                crashed = WorkerCrashed(f"the item's worker died {item.attempts} times")
+                actions.deliver.append((item, crashed))
             elif item.attempts >= 2:
                 suspects.append(item)
             else:
@@ -284,16 +413,30 @@ class InFlightTable:
         if actions.retry:
             self._reroutes += 1
             self._rerouted_items += len(actions.retry)
-        _settled(actions.deliver)
+        self._judged(_settled(actions.deliver))
         return actions
 
     def hung(self, now: float) -> list[WorkerId]:
-        """Workers whose batch has run past its hang deadline, each reported once: the
-        caller kills them, and their death re-routes the batch."""
-        late = [b for b in self._batches.values() if b.hang_deadline <= now]
-        for batch in late:
-            batch.hang_deadline = math.inf
-        return [b.worker for b in late]
+        """Workers whose batch has run past its hang deadline, or a run of suspects past
+        its stall deadline, each reported once: the caller kills them, and their death
+        re-routes the batch. A stalled hedge takes the batch it copies down with it, and
+        its items count the original's stall as a death: two workers stalled on them."""
+        late: dict[WorkerId, None] = {}
+        for batch in list(self._batches.values()):
+            if batch.hang_deadline <= now:
+                batch.hang_deadline = batch.stall_deadline = math.inf
+                late[batch.worker] = None
+            elif batch.stall_deadline <= now:
+                batch.hang_deadline = batch.stall_deadline = math.inf
+                late[batch.worker] = None
+                twin = self._batches.get(batch.twin) if batch.twin is not None else None
+                if twin is not None and twin.hang_deadline < math.inf:
+                    twin.hang_deadline = twin.stall_deadline = math.inf
+                    late[twin.worker] = None
+                    for item in batch.items:
+                        if not item.done:
+                            item.attempts += 1
+        return list(late)
 
     def hedge(self, now: float) -> int:
         """Batches running past their hedge deadline are queued again, ahead of new work,
@@ -301,12 +444,15 @@ class InFlightTable:
         late = [b for b in self._batches.values() if b.hedge_deadline <= now]
         for batch in late:
             batch.hedge_deadline = math.inf
+            batch.stalled = True
+            for item in batch.items:
+                self.suspected.setdefault(item.text, now)
             items = [i for i in batch.items if not i.done and not i.cancelled]
             if items:
                 self._hedges += 1
                 for item in items:
                     item.flights += 1
-                self._groups.append((items, None))
+                self._groups.append(Group(items, Kind.HEDGE, twin=batch.batch_id))
         return len(late)
 
     def postpone(self, seconds: float) -> None:
@@ -317,20 +463,22 @@ class InFlightTable:
             batch.started += seconds
             batch.hang_deadline += seconds
             batch.hedge_deadline += seconds
+            batch.stall_deadline += seconds
 
     def next_hang_deadline(self) -> float:
         """When `hung` or `hedge` next has something to do."""
-        return min((min(b.hang_deadline, b.hedge_deadline) for b in self._batches.values()),
-                   default=math.inf)
+        return min((min(b.hang_deadline, b.hedge_deadline, b.stall_deadline)
+                    for b in self._batches.values()), default=math.inf)
 
     def abandon(self) -> list[Item]:
         """Shutdown: every item in flight or in a bisected group, which will never be
         answered now, each once; the table forgets them."""
-        items = [i for group, _ in self._groups for i in group]
+        items = [i for group in self._groups for i in group.items]
         items += [i for batch in self._batches.values() for i in batch.items]
         self._groups.clear()
         self._batches.clear()
         self._busy.clear()
+        self._killed.clear()
         left = [i for i in dict.fromkeys(items) if not i.done]  # a hedge holds it twice
         for item in left:
             item.done = True
@@ -360,4 +508,4 @@ def _settled(results: list[Result]) -> list[Result]:
     return results
 
 
-__all__ = ["Actions", "Dispatch", "InFlight", "InFlightTable", "TableStatistics"]
+__all__ = ["Actions", "Dispatch", "Group", "InFlight", "InFlightTable", "Kind", "TableStatistics"]

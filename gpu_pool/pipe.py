@@ -52,6 +52,14 @@ class WorkerPipe(Framed):
         if self.transport is not None:
             self.transport.abort()
 
+    def finish(self, last: object) -> None:
+        """Send `last`, then close this end once it is written, reporting nothing and
+        reading nothing more: the owner let the worker go."""
+        self._on_lost = None
+        self.send(last)
+        if self.transport is not None:
+            self.transport.close()
+
     def _lost(self) -> None:
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:

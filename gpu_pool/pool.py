@@ -6,6 +6,12 @@ are both events: a death is seen the moment the pipe reaches EOF or the kernel r
 process (SIGKILL and OOM kills included), not at the next poll. A dead
 slot is restarted with exponential backoff, so a model that crashes at start-up cannot
 spin the CPU.
+
+With a memory bound (`--worker-max-rss-mb`), a worker found over it as it answers a batch
+is replaced at once, between batches: it is told to stop (it holds nothing), and once it
+has exited, freeing its memory, its slot starts another process under the same worker id
+(`Slots.replace`). A batch the core sends meanwhile is held, and is the new process's first;
+the hang watchdog's `kill` spares the new process while it loads (that batch has not started).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from multiprocessing.process import BaseProcess
 import anyio
 from anyio.abc import TaskStatus
 
+from gpu_pool.memory import MIB, MemoryBound, resident_bytes
 from gpu_pool.pipe import WorkerPipe, open_pipe
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
 from gpu_pool.seam import PoolEvents, Unstarted
@@ -28,6 +35,7 @@ from gpu_pool.slots import Backoff, Slot, SlotPool, Slots, SlotState
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")
+STOP_GRACE_S = 10.0  # for a replaced worker to exit once told to stop, before it is killed
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,11 @@ class PoolSettings:
     restart_backoff_max: float = 30.0
     stable_after: float = 30.0  # a worker alive this long resets its slot's backoff
     restart: bool = True
+    max_rss_mb: int | None = None  # a worker holding more is replaced between batches
+
+    @property
+    def memory(self) -> MemoryBound:
+        return MemoryBound(self.max_rss_mb)
 
     @property
     def backoff(self) -> Backoff:
@@ -53,6 +66,7 @@ class PoolSettings:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.latency_floor < 0:
             raise ValueError("batch latency floor must be >= 0")
+        MemoryBound(self.max_rss_mb)  # raises on a bound under 1 MiB
 
 
 @dataclass(slots=True)
@@ -61,6 +75,8 @@ class _Slot(Slot):
     pipe: WorkerPipe | None = None  # owns the parent's end of the worker's pipe
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
+    retired: BaseProcess | None = None  # replaced, told to stop, not yet exited
+    held: Run | None = None  # sent while the worker is replaced: the new process's first
 
 
 class WorkerPool(SlotPool[_Slot]):
@@ -68,6 +84,7 @@ class WorkerPool(SlotPool[_Slot]):
 
     def __init__(self, settings: PoolSettings) -> None:
         self._settings = settings
+        self._memory = settings.memory
         self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
         super().__init__(Slots([_Slot(i) for i in range(settings.workers)],
@@ -102,6 +119,10 @@ class WorkerPool(SlotPool[_Slot]):
                 slot.pipe.send(Stop())
             elif slot.process is not None and slot.process.is_alive():
                 slot.process.kill()  # still loading: nothing to finish
+            if slot.retired is not None:  # replaced, told to stop, holds nothing
+                slot.retired.kill()
+                slot.retired.join(timeout=5)
+                slot.retired = None
         live = [s for s in self._slots if s.process is not None and s.process.pid is not None]
         with anyio.move_on_after(grace):
             for slot in live:
@@ -116,17 +137,26 @@ class WorkerPool(SlotPool[_Slot]):
 
     # -- commands ----------------------------------------------------------------------------
     def send(self, worker: WorkerId, run: Run) -> None:
-        """Hand a batch to a ready worker. One that is gone was (or is now) reported dead."""
+        """Hand a batch to a ready worker (one being replaced runs it once its new process
+        is up). One that is gone was (or is now) reported dead."""
         slot = self._slots.find(worker)
+        if slot is not None and slot.replacing and slot.held is None:
+            slot.held = run
+            return
         if slot is None or slot.pipe is None or slot.state is not SlotState.READY:
             return
         slot.state = SlotState.BUSY
         slot.pipe.send(run)  # a broken pipe reports the death (`_lost`)
 
     def kill(self, worker: WorkerId) -> None:
-        """SIGKILL a worker (hung batch); its death arrives through the sentinel."""
+        """SIGKILL a worker (hung batch); its death arrives through the sentinel. Not one
+        being replaced: its batch has not started, it waits for the new process to load
+        (a load that never ends is killed at the ready timeout: a death like any other)."""
         slot = self._slots.find(worker)
-        if slot is not None and slot.process is not None and slot.process.is_alive():
+        if slot is not None and slot.replacing:
+            log.warning("worker %s is being replaced: its batch has not started, it runs "
+                        "once the new process is up; nothing to kill", worker)
+        elif slot is not None and slot.process is not None and slot.process.is_alive():
             log.warning("killing worker %s (pid %s)", worker, slot.process.pid)
             slot.process.kill()
 
@@ -136,6 +166,8 @@ class WorkerPool(SlotPool[_Slot]):
 
     # -- internals ---------------------------------------------------------------------------
     async def _start(self, slot: _Slot) -> None:
+        if slot.replacing:
+            await self._reap(slot)
         config = WorkerConfig(
             model=self._settings.model,
             gpu=slot.index % self._settings.gpus if self._settings.gpus else None,
@@ -151,7 +183,8 @@ class WorkerPool(SlotPool[_Slot]):
             target=worker_main, args=(child, config), name=f"batchgate-worker-{slot.index}",
             daemon=True,
         )
-        worker = self._slots.begin(slot)
+        # The core never saw a replaced worker go: it keeps its id.
+        worker = slot.worker if slot.replacing else self._slots.begin(slot)
         slot.process = process
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
         try:
@@ -160,7 +193,6 @@ class WorkerPool(SlotPool[_Slot]):
             parent.close()
             child.close()
             slot.process = None
-            self._slots.forget(worker)
             self._spawn_failed(slot, exc)
             return
         child.close()
@@ -186,9 +218,14 @@ class WorkerPool(SlotPool[_Slot]):
     def _spawn_failed(self, slot: _Slot, exc: OSError) -> None:
         """Out of descriptors, processes or memory: the slot is retried like a crash, with
         its backoff, for as long as it takes (a failure here once tore the pool down and
-        left a server that answered 503 forever)."""
-        slot.failures += 1
-        slot.state = SlotState.DEAD
+        left a server that answered 503 forever). A worker being replaced is one the core
+        holds up: its death is reported."""
+        if slot.replacing:
+            self._lost(slot, slot.worker)
+        else:
+            slot.failures += 1
+            slot.state = SlotState.DEAD
+        self._slots.forget(slot.worker)
         log.error("could not start a worker in slot %d (%s); retrying in %.1fs",
                   slot.index, exc, self._slots.backoff.delay(slot.failures))
         self._slots.signal_change()
@@ -201,19 +238,71 @@ class WorkerPool(SlotPool[_Slot]):
 
     def _handle_one(self, slot: _Slot, worker: WorkerId, msg: object) -> None:
         if isinstance(msg, Ready):
+            replaced = slot.replacing
             self._slots.mark_ready(slot, msg.device)
             slot.ready.set()
             log.info("worker %s ready (slot %d, pid %d, %s)", worker, slot.index, msg.pid,
                      msg.device)
-            self._events.worker_ready(worker)
+            if self._memory.max_rss_mb is not None and \
+                    self._memory.exceeded(resident_bytes(msg.pid)):
+                log.warning("worker %s holds more than --worker-max-rss-mb %d as it comes up:"
+                            " it will be replaced after every batch", worker,
+                            self._memory.max_rss_mb)
+            if not replaced:
+                self._events.worker_ready(worker)
+            elif slot.held is not None and slot.pipe is not None:  # the core's, meanwhile
+                run, slot.held = slot.held, None
+                slot.state = SlotState.BUSY
+                slot.pipe.send(run)
         elif isinstance(msg, Ok | Err):
             self._slots.mark_answered(slot)
+            if self._memory.max_rss_mb is not None:
+                self._check_memory(slot, worker)
             self._events.worker_reply(worker, msg)
+
+    def _check_memory(self, slot: _Slot, worker: WorkerId) -> None:
+        """Replace an idle worker over the memory bound (before its answer is passed on:
+        the core's next batch for it then waits for the new process)."""
+        if slot.pid is None or slot.pipe is None or slot.process is None:
+            return
+        rss = resident_bytes(slot.pid)
+        if rss is None or not self._memory.exceeded(rss):
+            return
+        log.warning("worker %s (slot %d, pid %d) holds %d MiB, over --worker-max-rss-mb %d: "
+                    "replacing it between batches", worker, slot.index, slot.pid, rss // MIB,
+                    self._memory.max_rss_mb)
+        asyncio.get_running_loop().remove_reader(slot.process.sentinel)
+        slot.pipe.finish(Stop())  # it exits once it reads this: no death to report
+        slot.retired, slot.process, slot.pipe = slot.process, None, None
+        self._slots.replace(slot)
+
+    async def _reap(self, slot: _Slot) -> None:
+        """Wait until the replaced process has exited, its memory freed, killing it past
+        `STOP_GRACE_S`."""
+        process = slot.retired
+        if process is None:
+            return
+        gone = anyio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(process.sentinel, gone.set)
+        try:
+            with anyio.move_on_after(STOP_GRACE_S):
+                await gone.wait()
+            if not gone.is_set():
+                log.warning("replaced worker (pid %s) did not stop; killing it", process.pid)
+                process.kill()
+                with anyio.move_on_after(STOP_GRACE_S):
+                    await gone.wait()
+        finally:
+            loop.remove_reader(process.sentinel)
+        process.join(timeout=1)
+        slot.retired = None
 
     def _lost(self, slot: _Slot, worker: WorkerId) -> None:
         """The worker is gone (EOF, broken pipe or exit): report it once."""
         if not self._slots.mark_dead(slot, worker):
             return
+        slot.held = None  # the core re-runs it, told of the death
         if slot.pipe is not None:
             slot.pipe.close()
         if slot.process is not None and slot.process.is_alive():

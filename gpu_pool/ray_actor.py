@@ -1,7 +1,9 @@
 """The Ray actor: one worker on one GPU anywhere in the cluster, the process worker's twin.
 
 It loads the model once (`load`, which answers `Ready`), then runs one batch per `run`
-call through the same `run_batch` as the process worker, so the contract is checked alike.
+call through the same `run_batch` as the process worker, so the contract is checked alike,
+and says with each answer how much memory it holds (the pool may be far from its node, so
+it cannot read the kernel's figure itself; `gpu_pool.memory`).
 It holds no state a restart would lose. `sentinel` never answers while the actor lives: the
 pool keeps one call to it pending, and its failure is how a death is seen at once whether
 or not a batch is running (actor crash, `ray.kill`, its node lost), as the process pool
@@ -18,6 +20,7 @@ from typing import Any
 
 import ray
 
+from gpu_pool.memory import resident_bytes
 from gpu_pool.models import BatchModel
 from gpu_pool.protocol import Err, Ok, Ready, Run
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch
@@ -41,10 +44,12 @@ class BatchActor:
         self._model, device = load_worker(config)
         return Ready(pid=os.getpid(), device=device)
 
-    def run(self, msg: Run) -> Ok | Err:
+    def run(self, msg: Run) -> tuple[Ok | Err, int | None]:
+        """The batch's answer, and this process's resident set after it (None: unknown)."""
         if self._model is None:
             raise RuntimeError("run before load")  # the pool never does this
-        return run_batch(self._model, msg, self._config.latency_floor)
+        reply = run_batch(self._model, msg, self._config.latency_floor)
+        return reply, resident_bytes(os.getpid())
 
     def sentinel(self) -> None:
         self._gone.wait()

@@ -12,6 +12,12 @@ which nodes are dead (a few milliseconds), and every actor of a lost node is rep
 the same turn. A dead slot gets a new actor after the
 process pool's backoff; the new one waits, `pending`, until the cluster has room for it,
 and meanwhile the pool simply runs smaller.
+
+With a memory bound, an actor that says with its answer that it holds more is killed while
+it is idle and its slot gets a new actor at once, under the same worker id, as the process
+pool does (`Slots.replace`): a batch the core sends meanwhile waits for the new actor. Calls
+are fenced by the slot's list of pending calls, which a new actor (and a replacement)
+clears: an answer from an actor no longer the slot's is dropped.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import ray
 from anyio.abc import TaskStatus
 from ray.exceptions import RayError
 
+from gpu_pool.memory import MIB
 from gpu_pool.protocol import Ready, Run, WorkerId
 from gpu_pool.ray_actor import spawn_actor
 from gpu_pool.ray_settings import RayPoolSettings
@@ -52,6 +59,8 @@ class _Slot(Slot):
     node: str = "-"  # none yet: Ray has not placed it
     actor: Any = None  # the incarnation's ActorHandle
     calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
+    held: Run | None = None  # sent while the worker is replaced: the new actor's first
+    actors: int = 0  # actors this slot has had, for unique names
 
 
 class RayPool(SlotPool[_Slot]):
@@ -120,8 +129,14 @@ class RayPool(SlotPool[_Slot]):
     def send(self, worker: WorkerId, run: Run) -> None:
         """Hand a batch to a ready actor. One that is gone was (or will be) reported dead."""
         slot = self._slots.find(worker)
+        if slot is not None and slot.replacing and slot.held is None:
+            slot.held = run  # the new actor runs it once it is up
+            return
         if slot is None or slot.state is not SlotState.READY:
             return
+        self._run(slot, worker, run)
+
+    def _run(self, slot: _Slot, worker: WorkerId, run: Run) -> None:
         try:
             ref = slot.actor.run.remote(run)
         except RayError:  # this process lost Ray itself: as good as the actor gone
@@ -135,7 +150,12 @@ class RayPool(SlotPool[_Slot]):
         to declare it dead: for an actor on a node that stopped answering, that may take
         Ray's health checks a while."""
         slot = self._slots.find(worker)
-        if slot is not None:
+        if slot is not None and slot.replacing and slot.state is SlotState.STARTING:
+            # As in the process pool: its batch waits for the new actor's load (bounded by
+            # the ready timeout). One still waiting for room may wait for ever: it dies.
+            log.warning("worker %s is being replaced: its batch has not started, it runs "
+                        "once the new actor is up; nothing to kill", worker)
+        elif slot is not None:
             log.warning("killing worker %s (node %s, pid %s)", worker, slot.node, slot.pid)
             self._lost(slot, worker)
 
@@ -178,9 +198,12 @@ class RayPool(SlotPool[_Slot]):
         pool = self._settings.pool
         config = WorkerConfig(model=pool.model, gpu=None, threads=self._settings.threads,
                               latency_floor=pool.latency_floor)
-        worker = self._slots.begin(slot)
-        actor = spawn_actor(config, f"worker-{worker}", self._namespace,
-                            **self._settings.actor_options())
+        # The core never saw a replaced worker go: it keeps its id (its actor a new name).
+        replacing = slot.replacing
+        worker = slot.worker if replacing else self._slots.begin(slot)
+        slot.actors += 1
+        name = f"worker-{worker}.{slot.actors}" if replacing else f"worker-{worker}"
+        actor = spawn_actor(config, name, self._namespace, **self._settings.actor_options())
         slot.actor, slot.node = actor, "-"
         slot.calls.clear()
         self._call(slot, worker, actor.sentinel.remote(), self._on_sentinel)
@@ -206,10 +229,15 @@ class RayPool(SlotPool[_Slot]):
     def _up(self, slot: _Slot, worker: WorkerId, ready: Ready) -> None:
         if slot.worker != worker or slot.state is not SlotState.STARTING:
             return
+        replaced = slot.replacing
         self._slots.mark_ready(slot, ready.device)
         log.info("worker %s ready (slot %d, node %s, pid %d, %s)", worker, slot.index,
                  slot.node, ready.pid, ready.device)
-        self._events.worker_ready(worker)
+        if not replaced:
+            self._events.worker_ready(worker)
+        elif slot.held is not None:  # the core's batch, sent meanwhile
+            run, slot.held = slot.held, None
+            self._run(slot, worker, run)
 
     def _call(
         self, slot: _Slot, worker: WorkerId, ref: ray.ObjectRef[Any],
@@ -231,9 +259,11 @@ class RayPool(SlotPool[_Slot]):
         future: concurrent.futures.Future[Any],
         then: Callable[[_Slot, WorkerId, concurrent.futures.Future[Any]], None],
     ) -> None:
-        with contextlib.suppress(ValueError):
+        try:
             slot.calls.remove(ref)
-        if slot.worker == worker:  # else an earlier incarnation's: fenced off here
+        except ValueError:
+            return  # an earlier incarnation's, or a replaced actor's: fenced off here
+        if slot.worker == worker:
             then(slot, worker, future)
 
     def _on_reply(
@@ -242,13 +272,27 @@ class RayPool(SlotPool[_Slot]):
         if slot.state is not SlotState.BUSY:
             return
         try:
-            reply = future.result()
+            reply, rss = future.result()
         except Exception as exc:  # a RayError: the actor (or its node) is gone
             log.warning("worker %s lost mid-batch: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
         self._slots.mark_answered(slot)
+        memory = self._settings.pool.memory
+        if memory.exceeded(rss):  # before its answer is passed on: see the module's doc
+            log.warning("worker %s (slot %d, node %s, pid %s) holds %d MiB, over "
+                        "--worker-max-rss-mb %d: replacing it between batches", worker,
+                        slot.index, slot.node, slot.pid, rss // MIB, memory.max_rss_mb)
+            self._retire(slot)
         self._events.worker_reply(worker, reply)
+
+    def _retire(self, slot: _Slot) -> None:
+        """Kill the slot's idle actor and have `_start` give it a new one at once."""
+        slot.calls.clear()  # its sentinel answers as it goes: no death of the worker's
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(slot.actor)
+        slot.actor = None
+        self._slots.replace(slot)
 
     def _on_sentinel(
         self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
@@ -260,6 +304,7 @@ class RayPool(SlotPool[_Slot]):
         reported once, after its node is checked (`_report_deaths`)."""
         if not self._slots.mark_dead(slot, worker):
             return
+        slot.held = None  # the core re-runs it, told of the death
         with contextlib.suppress(RayError, ValueError):
             ray.kill(slot.actor)  # a no-op for one already dead
         self._slots.forget(worker)

@@ -72,6 +72,10 @@ class Pool(Protocol):
     def kill(self, worker: WorkerId) -> None:
         """End a worker (its batch hangs); its death is reported as any other."""
 
+    def forgive(self, worker: WorkerId) -> None:
+        """The death of incarnation `worker` was its input's doing (convicted as a query
+        of death): it does not count against its slot's restart backoff."""
+
     def ready_count(self) -> int: ...
 
     def workers(self) -> list[WorkerInfo]: ...

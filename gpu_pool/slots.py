@@ -5,6 +5,11 @@ fresh `WorkerId`, so an answer from a dead incarnation is never taken for its su
 What both pools keep alike lives here: the states, finding a slot by worker, counting
 crashes, when a dead slot starts again (`Backoff`), and waking `wait_ready`. How a worker
 is started, watched and killed stays in each pool.
+
+A worker over its memory bound (`gpu_pool.memory`) is replaced between batches, which is no
+crash: its slot starts a new process (or actor) at once, under the same `WorkerId`, since
+the core never saw the old one go (it was idle, its last answer delivered: nothing late can
+come from it); a batch the core sends meanwhile waits for the new one.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class Slot:
     restarts: int = 0
     failures: int = 0  # deaths in a row, for the backoff
     ready_at: float = 0.0  # when the incarnation came up, on the owner's clock
+    counted: WorkerId | None = None  # the last incarnation whose death raised `failures`
+    replacing: bool = False  # its worker is being replaced, not restarted (`Slots.replace`)
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(id=self.worker, slot=self.index, pid=self.pid, state=self.state.value,
@@ -103,8 +110,9 @@ class Slots(Generic[S]):
         self._ids = itertools.count(1)
         self._by_worker: dict[WorkerId, S] = {}
         self._stopping = False
-        self._crashes = 0
+        self._crashes = self._replacements = 0
         self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
+        self._forgiven = anyio.Event()  # set when a slot's backoff is shortened
         self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
             len(self._slots)
         )
@@ -139,6 +147,7 @@ class Slots(Generic[S]):
     def mark_ready(self, slot: S, device: str) -> None:
         """The incarnation loaded its model on `device`: idle, and its run starts now."""
         slot.state, slot.device, slot.ready_at = SlotState.READY, device, self._clock()
+        slot.replacing = False
         self.signal_change()
 
     def mark_answered(self, slot: S) -> None:
@@ -153,12 +162,25 @@ class Slots(Generic[S]):
         if slot.worker != worker or slot.state in (SlotState.DEAD, SlotState.STOPPED):
             return False
         up_for = self._clock() - slot.ready_at if slot.state.up else 0.0
-        slot.state = SlotState.DEAD
+        slot.state, slot.replacing = SlotState.DEAD, False
         if not self._stopping:
             self._crashes += 1
-        slot.failures = self.backoff.after_exit(slot.failures, up_for)
+        failures = self.backoff.after_exit(slot.failures, up_for)
+        slot.counted = worker if failures > slot.failures else None
+        slot.failures = failures
         self.signal_change()
         return True
+
+    def forgive(self, worker: WorkerId) -> None:
+        """Take back the failure the death of incarnation `worker` counted, if it was the
+        slot's last: its input was convicted, the slot did nothing wrong. A restart
+        waiting out the backoff is woken to wait only what is left of the shorter one."""
+        for slot in self._slots:
+            if slot.counted == worker and slot.failures > 0:
+                slot.failures -= 1
+                slot.counted = None
+                self._forgiven.set()
+                self._forgiven = anyio.Event()
 
     # -- restarts ----------------------------------------------------------------------------
     def restart(self, slot: S) -> None:
@@ -167,6 +189,18 @@ class Slots(Generic[S]):
         if self._stopping:
             return
         slot.restarts += 1
+        self._restart_send.send_nowait(slot.index)
+
+    def replace(self, slot: S) -> None:
+        """Have `keep_started` start `slot` again at once, its worker kept: the pool has
+        retired an idle incarnation that grew too big. No crash, no failure for the
+        backoff, no restart counted; the slot is starting until the new one is up (or
+        dies: then it is a death like any other). Nothing once stopping."""
+        if self._stopping:
+            return
+        slot.state, slot.replacing = self._first, True
+        self._replacements += 1
+        self.signal_change()
         self._restart_send.send_nowait(slot.index)
 
     async def keep_started(
@@ -182,13 +216,18 @@ class Slots(Generic[S]):
             task_status.started()
             async for index in self._restart_recv:
                 slot = self._slots[index]
-                tg.start_soon(self._start_after, start, slot, self.backoff.delay(slot.failures))
+                delay = 0.0 if slot.replacing else self.backoff.delay(slot.failures)
+                tg.start_soon(self._start_after, start, slot, delay)
 
     async def _start_after(
         self, start: Callable[[S], Coroutine[Any, Any, None]], slot: S, delay: float
     ) -> None:
-        if delay > 0:
-            await anyio.sleep(delay)
+        began = anyio.current_time()
+        while (left := delay - (anyio.current_time() - began)) > 0:
+            with anyio.move_on_after(left):
+                await self._forgiven.wait()
+            if not slot.replacing:  # forgiven meanwhile: wait the shorter backoff
+                delay = min(delay, self.backoff.delay(slot.failures))
         if not self._stopping:
             await start(slot)
 
@@ -244,10 +283,15 @@ class Slots(Generic[S]):
     def crashes(self) -> int:
         return self._crashes
 
+    @property
+    def replacements(self) -> int:
+        """Workers replaced between batches for their memory (`replace`)."""
+        return self._replacements
+
 
 class SlotPool(Generic[S]):
-    """The read-only half of the pool seam (`gpu_pool.seam.Pool`), answered from the
-    slots alike by every pool: each pool inherits it."""
+    """What of the pool seam (`gpu_pool.seam.Pool`) every pool answers alike from its
+    slots: each pool inherits it."""
 
     def __init__(self, slots: Slots[S]) -> None:
         self._slots = slots
@@ -264,6 +308,13 @@ class SlotPool(Generic[S]):
     @property
     def crashes(self) -> int:
         return self._slots.crashes
+
+    def forgive(self, worker: WorkerId) -> None:
+        self._slots.forgive(worker)
+
+    @property
+    def replacements(self) -> int:
+        return self._slots.replacements
 
 
 __all__ = ["Backoff", "Slot", "SlotPool", "SlotState", "Slots"]

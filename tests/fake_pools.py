@@ -1,5 +1,6 @@
 """What every fake pool of the tests reports of its workers, the `gpu_pool.Pool` reading
-half: from which workers are alive and which of them hold a batch."""
+half: from which workers are alive and which of them hold a batch; and the deaths the core
+forgave (`Pool.forgive`), for the tests that look."""
 
 from __future__ import annotations
 
@@ -24,3 +25,6 @@ class ReportsWorkers:
     def state_counts(self) -> dict[str, int]:
         busy = sum(held is not None for held in self.holding().values())
         return {"ready": len(self.holding()) - busy, "busy": busy}
+
+    def forgive(self, worker: WorkerId) -> None:
+        self.__dict__.setdefault("forgiven", []).append(worker)

@@ -81,6 +81,12 @@ class Settings:
         "the longest an item waits for a fuller batch while a worker is free"))
     idle_trigger: bool = field(default=True, metadata=doc(
         "flush at once while more than one worker is idle"))
+    max_batch_chars: int | None = field(default=None, metadata=doc(
+        "characters per batch (one longer input still runs alone), like vLLM's "
+        "max_num_batched_tokens",
+        shown="learned from batch times: a batch runs at most half of what the top tier's "
+              "budget leaves after max-wait-ms (or 1.5 x a short batch, if longer); a cut "
+              "holds at most twice the largest batch measured within it (20,000 at first)"))
     keys: Path | None = field(default=None, metadata=doc(
         "TOML keys file: keys -> tier and account, admin keys, per-tier limits",
         shown="none"))
@@ -105,6 +111,10 @@ class Settings:
         "restart dead workers (exponential backoff from 0.5 s to 30 s)"))
     ready_timeout_s: float = field(default=300.0, metadata=doc(
         "how long a worker may take to load its model"))
+    worker_max_rss_mb: int | None = field(default=None, metadata=doc(
+        "a worker holding more memory than this (its resident set, in MiB; Linux) after a "
+        "batch is replaced before its next one, which waits for the new one to load",
+        shown="off"))
     queue_capacity: int = field(default=20_000, metadata=doc(
         "hard cap on queued items per tier: the memory bound"))
     max_request_timeout_ms: float = field(default=60_000.0, metadata=doc(
@@ -113,8 +123,8 @@ class Settings:
     max_input_chars: int = field(default=10_000, metadata=doc("characters per input string"))
     max_inputs: int = field(default=MAX_BATCH, metadata=doc("strings per request in `inputs`"))
     max_connections: int = field(default=4096, metadata=doc(
-        "open connections per HTTP process; one more is answered 503 too_many_connections "
-        "and closed"))
+        "open connections the server holds, a cell's gateways together; one more is "
+        "answered 503 too_many_connections and closed"))
     head_timeout_s: float = field(default=10.0, metadata=doc(
         "to send a request's head, from connecting (or the previous answer): then 408, or a "
         "quiet close if nothing came"))
@@ -147,6 +157,8 @@ class Settings:
             f"got {self.max_batch}",
         )
         _check(self.max_wait_ms >= 0, f"max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        _check(self.max_batch_chars is None or self.max_batch_chars >= 1,
+               f"max-batch-chars must be at least 1, got {self.max_batch_chars}")
         _check(
             self.batch_latency_ms is None or self.batch_latency_ms >= 0,
             "batch-latency-ms must be >= 0",
@@ -159,6 +171,8 @@ class Settings:
         )
         _check(self.hedge_after_ms >= 0, "hedge-after-ms must be >= 0")
         _check(self.queue_capacity >= 1, "queue-capacity must be at least 1")
+        _check(self.worker_max_rss_mb is None or self.worker_max_rss_mb >= 1,
+               "worker-max-rss-mb must be at least 1")
         _check(self.max_request_timeout_ms > 0, "max-request-timeout-ms must be > 0")
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
         _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")

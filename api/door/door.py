@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
-from api.door.keyed import KeyedPath
+from api.door.keyed import KeptRequest, KeyedPath
 from api.door.limits import RateLimiter, pressure_factor
 from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
@@ -109,7 +109,8 @@ class Door:
                     except Exception as exc:
                         out.append(self.refusal(exc, tier))
                         continue
-                items = self.new_items(job.texts, tier, now, job.timeout, collations[at])
+                items = self.new_items(job.texts, tier, now, job.timeout, collations[at],
+                                       principal.account)
                 where.append(len(out))
                 out.append(items)
                 admitting.append((items, job.timeout))
@@ -136,32 +137,41 @@ class Door:
         return rendered(err)
 
     def new_items(
-        self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink
+        self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink,
+        caller: str | None = None,
     ) -> list[Item]:
+        """`caller`: the account charged if one of these inputs keeps killing workers."""
         deadline = now + timeout
         ids = self._ids
         if len(texts) == 1:  # most requests
-            return [Item(cast(ItemId, next(ids)), texts[0], tier, now, deadline, sink)]
+            return [Item(cast(ItemId, next(ids)), texts[0], tier, now, deadline, sink,
+                         caller=caller)]
         return [
-            Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index)
+            Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index, caller=caller)
             for index, text in enumerate(texts)
         ]
 
     async def serve(
         self, job: Job, client: ClientWatch | None,
         register: Callable[[PendingRequest], None] | None,
+        pending: PendingRequest | None = None,
     ) -> Answered:
-        """Admit a job and wait for its answer (raises what ended it otherwise)."""
-        pending = PendingRequest(len(job.texts))
+        """Admit a job and wait for its answer (raises what ended it otherwise). `pending`:
+        the collation its items answer, if the caller brings one (the keyed path's, which
+        may keep what runs on after the request ended: `KeptRequest.runs_on`)."""
+        if pending is None:
+            pending = PendingRequest(len(job.texts))
         now = self.clock.now()
-        items = self.new_items(job.texts, job.principal.tier, now, job.timeout, pending)
+        items = self.new_items(job.texts, job.principal.tier, now, job.timeout, pending,
+                               job.principal.account)
         self.core.admit(items, job.timeout, now)
         if register is not None:
             register(pending)
         try:
             await pending.wait(job.timeout, client)
         finally:
-            self._withdraw(items, pending)
+            if not (isinstance(pending, KeptRequest) and pending.runs_on(items)):
+                self._withdraw(items, pending)
         return self._answered(job, items, pending, self.clock.now())
 
     def _check_rate(self, job: Job) -> None:

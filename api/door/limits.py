@@ -34,14 +34,18 @@ class TokenBucket:
         self.tokens = min(burst, self.tokens + (now - self.last) * rate)
         self.last = now
 
-    def take(self, now: float, rate: float, burst: float) -> float:
-        """Take one token; 0 if allowed, else the seconds until one is available."""
+    def wait(self, now: float, rate: float, burst: float) -> float:
+        """Refill; 0 if a token is there (none is taken), else the seconds until one is."""
         self.tokens = min(burst, self.tokens + (now - self.last) * rate)  # `refill`, inlined
         self.last = now
-        if self.tokens >= 1:
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / rate
+
+    def take(self, now: float, rate: float, burst: float) -> float:
+        """Take one token; 0 if allowed, else the seconds until one is available."""
+        wait = self.wait(now, rate, burst)
+        if wait == 0.0:
             self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / rate
+        return wait
 
 
 class RateLimiter:
@@ -55,16 +59,20 @@ class RateLimiter:
         self._accounts: dict[tuple[Tier, str], TokenBucket] = {}
 
     def check(self, principal: Principal, now: float, factor: float = 1.0) -> None:
-        """Raise RateLimited if the key or its account is over its (scaled) rate."""
+        """Raise RateLimited if the key or its account is over its (scaled) rate. A token is
+        taken from both or from neither: a refusal by one bucket spends nothing of the
+        other's (a key refused by its busy account keeps its own rate for later)."""
         lim = self._limits[principal.tier]
-        key = (principal.tier, principal.key or principal.account)
-        account = (principal.tier, principal.account)
-        wait = self._take(self._keys, key, now, lim.rate * factor, lim.burst)
-        if wait == 0.0:
-            wait = self._take(self._accounts, account, now, lim.account_rate * factor,
-                              lim.account_burst)
-        if wait > 0.0:
+        key = self._bucket(self._keys, (principal.tier, principal.key or principal.account),
+                           now, lim.burst)
+        account = self._bucket(self._accounts, (principal.tier, principal.account), now,
+                               lim.account_burst)
+        wait = max(key.wait(now, lim.rate * factor, lim.burst),
+                   account.wait(now, lim.account_rate * factor, lim.account_burst))
+        if wait > 0.0:  # the later of the two: a retry sooner is refused again
             raise RateLimited("rate limit exceeded for this key or account", math.ceil(wait))
+        key.tokens -= 1
+        account.tokens -= 1
 
     def allow(self, principal: Principal, n: int, now: float, factor: float = 1.0) -> int:
         """How many of `n` requests of `principal` at `now` pass: the first ones, as `check`
@@ -89,16 +97,6 @@ class RateLimiter:
         if bucket is None:
             bucket = buckets[name] = TokenBucket(burst, now)
         return bucket
-
-    @staticmethod
-    def _take(
-        buckets: dict[tuple[Tier, str], TokenBucket], name: tuple[Tier, str], now: float,
-        rate: float, burst: float,
-    ) -> float:
-        bucket = buckets.get(name)  # `_bucket`, inlined: once per request in process
-        if bucket is None:
-            bucket = buckets[name] = TokenBucket(burst, now)
-        return bucket.take(now, rate, burst)
 
 
 __all__ = ["RateLimiter", "TokenBucket", "pressure_factor"]

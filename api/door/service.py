@@ -60,7 +60,8 @@ def hang_settings(settings: Settings) -> HangSettings:
 
 def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy]) -> CoreSettings:
     policy = FlushPolicy(max_batch=settings.max_batch, max_wait=settings.max_wait_ms / 1000,
-                         idle_trigger=settings.idle_trigger)
+                         idle_trigger=settings.idle_trigger,
+                         max_batch_chars=settings.max_batch_chars)
     return CoreSettings(
         budgets={t: p.budget_ms / 1000 for t, p in tiers.items()}, policy=policy,
         queue_capacity=settings.queue_capacity,
@@ -144,6 +145,8 @@ class Service:
             core=self.core.statistics(),
             workers=self.pool.state_counts(),
             crashes=self.pool.crashes,
+            # Both slot pools count them; the seam asks it of no pool.
+            replacements=getattr(self.pool, "replacements", 0),
             tier_gauges=gauges,
             idempotency=self.idempotency.statistics(),
         )
@@ -159,6 +162,7 @@ def build_pool(settings: Settings, gpus: int) -> Pool:
         gpus=gpus,
         ready_timeout=settings.ready_timeout_s,
         restart=settings.restart,
+        max_rss_mb=settings.worker_max_rss_mb,
     )
     if settings.pool == "process":
         return WorkerPool(base)

@@ -22,9 +22,8 @@ def refused(a: Admission, tier: Tier, ahead: int, workers: int, deadline: float 
 
 
 def test_estimate_is_queue_over_throughput_plus_one_batch() -> None:
-    a = admission()
-    assert a.throughput(2) == 2000.0
-    assert math.isclose(a.estimate(ahead=300, workers=2), 0.25)
+    # Two workers serve 100 items per 0.1 s each: 300 items ahead drain in 0.15 s.
+    assert math.isclose(admission().estimate(300, workers=2), 0.25)
 
 
 @given(ahead=st.integers(0, 5000), workers=st.integers(0, 12), tier=st.sampled_from(Tier))
@@ -80,13 +79,13 @@ def test_measured_latency_moves_the_estimate() -> None:
 
 def test_higher_tier_arrivals_lengthen_a_lower_tiers_wait() -> None:
     a = admission()
-    alone = a.estimate(ahead=100, workers=1)
-    overtaken = a.estimate(ahead=100, workers=1, overtaking=500.0)
+    alone = a.estimate(100, workers=1)
+    overtaken = a.estimate(100, workers=1, overtaking=500.0)
     assert math.isclose(alone, 0.2) and math.isclose(overtaken, 0.3)
 
 
 def test_a_tier_is_never_assumed_to_starve_completely() -> None:
-    assert admission().estimate(ahead=10, workers=1, overtaking=10_000.0) < math.inf
+    assert admission().estimate(10, workers=1, overtaking=10_000.0) < math.inf
 
 
 def test_rate_meter_tracks_a_steady_rate_and_decays() -> None:
@@ -97,3 +96,45 @@ def test_rate_meter_tracks_a_steady_rate_and_decays() -> None:
         meter.add(1, k / 500)  # 500 arrivals a second for 10 s
     assert 450 < meter.rate(10.0) < 550
     assert meter.rate(20.0) < 0.1
+
+
+def learned() -> Admission:
+    """Batches cost 0.1 s plus 4 us a character (a cap of 12,500 characters a batch)."""
+    a = admission()
+    for chars in (10, 20, 30, 20_000, 40_000, 30_000):
+        a.observe_batch(0.1 + 4e-6 * chars, chars)
+    return a
+
+
+def test_characters_queued_ahead_weigh_what_they_cost() -> None:
+    a = learned()
+    short = a.estimate(100, workers=1)
+    long = a.estimate(100, workers=1, queued_chars=1_000_000)  # 80 batches at the cap
+    assert math.isclose(short, 0.2, rel_tol=1e-3)
+    assert math.isclose(long, 80 * 0.1 + 4.0 + 0.1, rel_tol=1e-3)
+
+
+def test_a_request_too_long_for_its_own_deadline_is_refused_with_nothing_ahead() -> None:
+    with pytest.raises(Overloaded) as info:
+        learned().check(Tier.FREE, 0, 2, 2.0, items=100, chars=1_000_000)
+    assert info.value.code == "deadline_unreachable"  # not over_budget: no wait would help
+    assert "fewer or shorter inputs" in str(info.value)
+
+
+def test_one_short_input_with_nothing_ahead_is_admitted_whatever_its_deadline() -> None:
+    learned().check(Tier.FREE, 0, 1, 0.01, items=1, chars=100)  # refusing protects nobody
+
+
+def test_one_input_longer_than_a_batch_may_hold_is_judged_on_its_own_run() -> None:
+    a = learned()
+    a.check(Tier.FREE, 0, 1, 2.0, items=1, chars=30_000)  # 0.22 s: within budget
+    with pytest.raises(Overloaded) as info:
+        a.check(Tier.FREE, 0, 1, 0.2, items=1, chars=30_000)
+    assert info.value.code == "deadline_unreachable"
+
+
+def test_higher_tiers_arriving_with_long_inputs_lengthen_a_lower_tiers_wait() -> None:
+    a = learned()
+    plain = a.estimate(100, workers=1, overtaking=100.0)
+    heavy = a.estimate(100, workers=1, overtaking=100.0, overtaking_chars=100_000.0)
+    assert heavy > 2 * plain

@@ -306,6 +306,81 @@ def test_expected_wait_counts_only_the_work_served_first() -> None:
     assert b.expected_wait(Tier.FREE, 0.0, ready=0) == math.inf
 
 
+def learned(free_budget: float = 10.0) -> Admission:
+    """Batches cost 0.1 s plus 4 us a character: 12,500 characters a batch at most."""
+    a = admission(free_budget)
+    for chars in (10, 20, 30, 20_000, 40_000, 30_000):
+        a.observe_batch(0.1 + 4e-6 * chars, chars)
+    return a
+
+
+def long_items(n: int, chars: int, tier: Tier = Tier.FREE, deadline: float = 100.0
+               ) -> list[Item]:
+    out = items(n, tier, deadline)
+    for item in out:
+        item.text = "c" * chars
+    return out
+
+
+def test_expected_wait_counts_the_characters_served_first() -> None:
+    b = batcher(admission=learned())
+    b.admit(long_items(10, 10_000), 100.0, now=0.0, ready=1)  # 100,000 free characters
+    assert b.expected_wait(Tier.PAID, 0.0, ready=1) == pytest.approx(0.1)
+    assert b.expected_wait(Tier.FREE, 0.0, ready=1) == pytest.approx(0.1 + 8 * 0.1 + 0.4)
+    b.admit(long_items(10, 10_000, Tier.PAID), 100.0, now=0.0, ready=1)
+    assert b.expected_wait(Tier.PAID, 0.0, ready=1) == pytest.approx(0.1 + 1.2)
+
+
+def test_a_cut_holds_no_more_characters_than_the_measured_cost_allows() -> None:
+    b = batcher(admission=learned())
+    b.admit(long_items(10, 5_000), 100.0, now=0.0, ready=1)
+    cut = b.cut(0.0, ONE_IDLE)  # full already: waiting cannot make it fuller
+    assert cut is not None and cut.reason is FlushReason.FULL and len(cut.items) == 2
+
+
+def test_a_fixed_character_cap_holds_without_admission() -> None:
+    policy = FlushPolicy(max_batch=100, max_wait=0.05, idle_trigger=False,
+                         max_batch_chars=15_000)
+    b = Batcher(TierQueues(dict.fromkeys(Tier, 100)), policy)
+    b.admit(long_items(3, 10_000) + long_items(1, 20_000), 100.0, now=0.0, ready=1)
+    sizes = [len(cut.items) for _ in range(3) if (cut := b.cut(0.0, ONE_IDLE)) is not None]
+    assert sizes == [1, 1, 1] and b.max_chars() == 15_000
+    last = b.cut(0.0, ONE_IDLE)  # longer than the cap: alone, never an empty batch
+    assert last is not None and [len(i.text) for i in last.items] == [20_000]
+
+
+def test_a_long_request_is_refused_before_any_of_it_is_queued() -> None:
+    b = batcher(admission=learned())
+    with pytest.raises(Overloaded) as info:
+        b.admit(long_items(100, 10_000), 2.0, now=0.0, ready=2)
+    assert info.value.code == "deadline_unreachable" and len(b) == 0
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(1, 12), st.sampled_from([5, 3_000, 10_000])),
+                min_size=1, max_size=6), st.sampled_from([0.3, 1.0, 5.0]),
+       st.sampled_from(Tier), st.integers(0, 40))
+def test_a_run_of_long_requests_admitted_at_once_is_what_one_by_one_gives(
+    shapes: list[tuple[int, int]], deadline_in: float, tier: Tier, queued: int,
+) -> None:
+    at_once, one_by_one = (batcher(cap=1000, admission=learned(free_budget=1.0))
+                           for _ in range(2))
+    for b in (at_once, one_by_one):
+        if queued:
+            b.admit(long_items(queued, 3_000, Tier.PAID), 100.0, now=0.0, ready=2)
+    run = [long_items(n, chars, tier) for n, chars in shapes]
+    refused = 0
+    for request in run:
+        try:
+            one_by_one.admit(request, deadline_in, now=0.0, ready=2)
+        except Overloaded:
+            refused += 1
+    admitted = at_once.admit_run(run, deadline_in, now=0.0, ready=2)
+    assert admitted == (refused == 0)
+    if admitted:
+        assert at_once.queues.chars() == one_by_one.queues.chars()
+
+
 def test_statistics_count_batches_items_and_reasons() -> None:
     b = batcher()
     b.admit(items(130), 10.0, now=0.0, ready=1)

@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -67,7 +68,7 @@ def test_settings_are_validated() -> None:
     )
     for bad in bad_settings:
         try:
-            FlushPolicy(**bad)  # type: ignore[arg-type]
+            FlushPolicy(**bad)
         except ValueError:
             continue
         raise AssertionError(f"{bad} was accepted")
@@ -94,3 +95,17 @@ def test_flushes_exactly_when_a_trigger_holds(
     spare = idle > 1 and busy + 1 + 1.5 * needed <= idle + busy
     trigger = retry or pending >= 100 or waited >= 0.05 or (idle_trigger and spare)
     assert (got is not None) == (idle > 0 and pending > 0 and trigger)
+
+
+def test_characters_up_to_the_cap_make_a_batch_full() -> None:
+    got = policy.decide(pending=3, oldest_enqueued=0.0, now=0.0, pool=Capacity(1, 12),
+                        retry=False, pending_chars=30_000, max_chars=25_000)
+    assert got is FlushReason.FULL
+    under = policy.decide(pending=3, oldest_enqueued=0.0, now=0.0, pool=Capacity(1, 12),
+                          retry=False, pending_chars=20_000, max_chars=25_000)
+    assert under is None
+
+
+def test_a_fixed_character_cap_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_batch_chars"):
+        FlushPolicy(max_batch_chars=0)

@@ -125,3 +125,58 @@ def test_length_follows_every_change() -> None:
     assert len(q) == 1
     q.drain()
     assert len(q) == 0
+
+
+def text(n: int, chars: int, tier: Tier = Tier.FREE, deadline: float = 100.0) -> Item:
+    it = item(n, tier, deadline)
+    it.text = "c" * chars
+    return it
+
+
+def test_characters_ahead_count_own_tier_and_above_and_follow_every_change() -> None:
+    q = queues()
+    a, b, c = text(1, 100, Tier.PAID), text(2, 20), text(3, 3)
+    q.put_all([a], Tier.PAID)
+    q.put_all([b, c], Tier.FREE, chars=23)
+    q.push_retry([text(4, 1000)])
+    assert (q.chars_through(Tier.PAID), q.chars_through(Tier.FREE)) == (1100, 1123)
+    q.cancel(b)
+    assert q.chars() == 1103
+    q.pop_batch(2, now=0.0)  # the retry item and the paid one
+    assert q.chars() == q.chars_through(Tier.FREE) == 3
+    q.drain()
+    assert q.chars() == 0
+
+
+def test_a_cut_stops_at_the_first_item_past_the_character_cap() -> None:
+    q = queues()
+    for n, chars in enumerate((400, 500, 300, 10), start=1):
+        q.put_nowait(text(n, chars))
+    batch, _ = q.pop_batch(10, now=0.0, max_chars=1000)
+    assert [i.id for i in batch] == [1, 2]  # not 4, which would fit: it is later in line
+    assert q.chars() == 310
+
+
+def test_a_paid_item_past_the_cap_lets_no_free_item_into_the_batch() -> None:
+    q = queues()
+    q.put_nowait(text(1, 600, Tier.PAID))
+    q.put_nowait(text(2, 600, Tier.PAID))
+    q.put_nowait(text(3, 5))
+    batch, _ = q.pop_batch(10, now=0.0, max_chars=1000)
+    assert [i.id for i in batch] == [1]
+
+
+def test_one_input_longer_than_the_cap_runs_alone_never_an_empty_batch() -> None:
+    q = queues()
+    q.put_nowait(text(1, 5000))
+    q.put_nowait(text(2, 5))
+    assert [i.id for i in q.pop_batch(10, now=0.0, max_chars=1000)[0]] == [1]
+    assert [i.id for i in q.pop_batch(10, now=0.0, max_chars=1000)[0]] == [2]
+
+
+def test_expired_items_take_no_room_under_the_cap() -> None:
+    q = queues()
+    q.put_nowait(text(1, 900, deadline=5.0))
+    q.put_nowait(text(2, 900))
+    batch, expired = q.pop_batch(10, now=10.0, max_chars=1000)
+    assert [i.id for i in batch] == [2] and [i.id for i in expired] == [1]

@@ -49,8 +49,8 @@ async def test_a_hung_batch_is_killed_and_rerouted() -> None:
     args = [*KEYS, "--model", "tests.models:hang_on_marker", "--hang-timeout-ms", "1000",
             "--max-attempts", "2"]
     with running_server(workers=2, args=args) as srv:
-        (hung,) = await post_many(srv.url, [{"input": "HANG"}], PAID)
-        assert hung.status_code == 503 and hung.json()["error"]["code"] == "worker_crashed"
+        (hung,) = await post_many(srv.url, [{"input": "HANG"}], PAID)  # twice, alone
+        assert hung.status_code == 500 and hung.json()["error"]["code"] == "query_of_death"
         assert metric(fetch_metrics(srv.url), "batchgate_worker_hangs_total") == 2
         await workers_in_state(srv.url, "ready", 2)
         async with AsyncClient(srv.url, "paid-demo-key") as client:

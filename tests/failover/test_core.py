@@ -26,7 +26,15 @@ from batcher import (
     ItemId,
     Tier,
 )
-from failover import BatchTimes, CoreActions, CoreSettings, HangSettings, ModelError, build_core
+from failover import (
+    BatchTimes,
+    CoreActions,
+    CoreSettings,
+    HangSettings,
+    ModelError,
+    QueryOfDeath,
+    build_core,
+)
 from failover.hang import REFRESH
 from gpu_pool import Err, Ok, Run, WorkerId
 
@@ -58,6 +66,7 @@ class Flight:
     run: Run
     items: list[Item]
     sent_at: float
+    group: bool = False  # run again by the table, not cut fresh from the queues
 
 
 @dataclass
@@ -69,6 +78,7 @@ class Model:
     queued: dict[int, Item] = field(default_factory=dict)  # admitted, not running, not done
     flights: dict[WorkerId, Flight] = field(default_factory=dict)
     closed: list[tuple[WorkerId, Run]] = field(default_factory=list)  # every past dispatch
+    forgiven: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -101,27 +111,49 @@ class CoreMachine(RuleBasedStateMachine):
             assert send.worker not in self.m.flights, "a worker was given two batches"
             assert 1 <= len(send.run.inputs) <= MAX_BATCH
             items = [self.by_text(t) for t in send.run.inputs]
-            if send.reason is not None:  # a fresh cut, not a bisected group re-run
+            if send.reason is not None:  # a fresh cut, not a group run again
                 self.check_priority(items)
+            else:
+                self.check_group_tier(items)
             for item in items:
                 self.m.queued.pop(item.id, None)
-            self.m.flights[send.worker] = Flight(send.run, items, self.now)
+            self.m.flights[send.worker] = Flight(send.run, items, self.now, send.reason is None)
             self.m.closed.append((send.worker, send.run))
         for worker in actions.kill:  # the pool kills it; its death comes back as an event
             assert worker in self.m.flights, "a worker with no batch was killed as hung"
-            assert self.now - self.m.flights[worker].sent_at >= HANG - 1e-9
+            flight = self.m.flights[worker]
+            # Suspects (inputs that killed or stalled a worker) are killed once they stall.
+            assert self.now - flight.sent_at >= self.kill_limit(flight) - 1e-9, "killed early"
             self.died(worker)
+        self.m.forgiven += actions.forgive
         for item, result in actions.settle:
             item.settle(result)
 
     def by_text(self, text: str) -> Item:
         return self.items[int(text.split(":")[1])]
 
+    def kill_limit(self, flight: Flight) -> float:
+        """A group's run (a re-run, an isolation run, a hedge) is killed once it stalls; a
+        fresh batch once it hangs, or once it stalled and its hedge stalled too."""
+        return HEDGE if flight.group else min(HANG, 2 * HEDGE)
+
+    def check_group_tier(self, batch: list[Item]) -> None:
+        """A group of free items never runs while fresh paid work is queued."""
+        if all(i.tier is Tier.FREE for i in batch):
+            assert not any(i.tier is Tier.PAID for i in self.fresh_queued()), (
+                "a free group ran ahead of queued paid work")
+
+    def fresh_queued(self) -> list[Item]:
+        """Live items in the batcher's queues (not waiting in the table's groups)."""
+        grouped = self.core.grouped()
+        return [i for i in self.m.queued.values() if not i.cancelled
+                and i.deadline > self.now and i.id not in grouped]
+
     def check_priority(self, batch: list[Item]) -> None:
-        """Fresh free items never leave an older paid item queued; FIFO within a tier."""
+        """Fresh free items never leave an older paid item queued; FIFO within a tier.
+        Items in groups follow the groups' rules (`check_group_tier`)."""
         taken = {i.id for i in batch}
-        left = [i for i in self.m.queued.values() if i.id not in taken and not i.cancelled
-                and i.deadline > self.now]
+        left = [i for i in self.fresh_queued() if i.id not in taken]
         if any(i.tier is Tier.FREE and i.attempts == 0 for i in batch):
             assert not any(i.tier is Tier.PAID for i in left), "paid waited behind free"
         for tier in Tier:
@@ -210,9 +242,12 @@ class CoreMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         request = data.draw(st.sampled_from(self.requests))
         request.cancelled = True
+        turn = False
         for item in request.items:
-            self.core.cancel(item)
+            turn |= self.core.cancel(item)
             self.m.queued.pop(item.id, None)
+        if turn:  # the owner takes a turn when a cancellation asks for one
+            self.perform(self.core.poll(self.now))
 
     @precondition(lambda self: self.m.flights)
     @rule(data=st.data(), fail=st.sampled_from(["ok", "ok", "ok", "error", "short"]))
@@ -373,12 +408,14 @@ def test_a_killer_that_leaves_mid_batch_gets_no_innocent_quarantined() -> None:
     m.admit(Tier.PAID, 1, 5.0)  # r:1 is innocent
     m.advance(MAX_WAIT)  # one batch of both
     m.died(next(iter(m.m.flights)))
-    m.worker_up()  # the retry lane runs both again at once
     m.cancel(_Draw(m.requests[0]))  # the killer's client leaves
-    m.died(next(iter(m.m.flights)))
-    m.worker_up()
-    (worker,) = m.m.flights  # the innocent runs again, alone
+    m.worker_up()  # each runs again in its own tier's group: the paid innocent first
+    (worker,) = m.m.flights
+    assert m.m.flights[worker].run.inputs == ("r:1",)
     m.reply(_Draw(worker), "ok")
     assert m.m.settled[1] == ["r:1"[::-1]]
+    m.died(next(iter(m.m.flights)))  # then the killer, alone though its client left
+    assert isinstance(m.m.settled[0][0], QueryOfDeath)
+    m.worker_up()
     again = Item(ItemId(99), "r:1", Tier.PAID, m.now, m.now + 5.0, m)
     m.core.admit([again], 5.0, m.now)  # not refused on sight

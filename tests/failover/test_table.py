@@ -58,12 +58,13 @@ def test_a_late_answer_from_a_dead_worker_is_discarded() -> None:
 
 def test_items_fail_after_max_attempts_crashes() -> None:
     sink, table = Sink(), InFlightTable(max_attempts=2)
-    items = make_items(sink, 0, 1)
+    items = make_items(sink, 0, 2)  # never alone: a crash alone would convict instead
     for w in (1, 2):
         table.worker_up(WorkerId(w))
         table.assign(items, now=0.0)
         actions = table.on_worker_died(WorkerId(w))
-    assert isinstance(actions.deliver[0][1], WorkerCrashed) and not actions.retry
+    assert all(isinstance(r, WorkerCrashed) for _, r in actions.deliver) and not actions.retry
+    assert len(actions.deliver) == 2
 
 
 def test_wrong_output_count_is_a_contract_violation_isolated_by_bisection() -> None:
@@ -202,18 +203,20 @@ def test_a_stalled_batch_runs_again_elsewhere_and_the_first_answer_wins(first: s
     assert table.hedge(now=100.0) == 0  # neither copy is hedged again
 
 
-def test_a_hedge_waiting_for_a_worker_keeps_its_items_when_the_original_dies() -> None:
+def test_a_hedge_waiting_for_a_worker_gives_way_to_a_rerun_when_the_original_dies() -> None:
     sink, table = Sink(), hedging(1)
     d = table.assign(make_items(sink, 0, 2), now=0.0)
     table.hedge(now=0.5)
     assert table.next_group(now=0.5) is None  # the only worker is the stalled one
     assert table.hung(now=5.0) == [d.worker]
     died = table.on_worker_died(d.worker)
-    assert died.retry == [] and died.deliver == []  # the waiting hedge runs them
+    assert [i.text for i in died.retry] == list(d.texts) and died.deliver == []
+    assert table.statistics().pending_groups == 0  # the hedge is gone: its items died once
+    table.requeue(died.retry)
     table.worker_up(WorkerId(2))
     h = table.next_group(now=6.0)
     assert h is not None and h.texts == d.texts
-    assert len(answer(table, h)) == 2 and all(i.attempts == 0 for i in table.abandon())
+    assert len(answer(table, h)) == 2 and table.next_group(now=6.0) is None
 
 
 def test_a_failure_of_one_copy_leaves_its_items_to_the_other() -> None:
@@ -338,7 +341,7 @@ class TableMachine(RuleBasedStateMachine):
     @invariant()
     def every_live_item_is_somewhere(self) -> None:
         flying = {t for _, texts in self.in_flight.values() for t in texts}
-        grouped = {i.id for group, _ in self.table._groups for i in group}
+        grouped = self.table.grouped()
         for item in self.all:
             if item.cancelled or item.id in self.sink.got:
                 continue
@@ -380,7 +383,7 @@ def test_a_failure_with_every_member_present_still_convicts_the_last_one() -> No
 
 
 
-def test_a_killer_that_leaves_mid_batch_gets_no_batch_mate_quarantined() -> None:
+def test_a_killer_that_leaves_mid_batch_is_still_caught_and_its_batch_mate_answered() -> None:
     sink, table = Sink(), InFlightTable()
     killer, innocent = make_items(sink, 0, 2)
     for w in (1, 2):  # crashes once, is re-run together, and its client leaves meanwhile
@@ -390,10 +393,14 @@ def test_a_killer_that_leaves_mid_batch_gets_no_batch_mate_quarantined() -> None
         died = table.on_worker_died(WorkerId(w))
     assert died.deliver == [] and died.retry == []
     table.worker_up(WorkerId(3))
-    alone = table.next_group(now=0.0)  # the survivor runs again, alone: it is answered
+    first = table.next_group(now=0.0)  # each runs alone, the one whose client left too
+    assert first is not None and first.texts == (killer.text,)
+    (convicted,) = table.on_worker_died(first.worker).deliver
+    assert convicted[0] is killer and isinstance(convicted[1], QueryOfDeath)
+    table.worker_up(WorkerId(4))
+    alone = table.next_group(now=0.0)
     assert alone is not None and alone.texts == (innocent.text,)
     assert answer(table, alone) == [(innocent, innocent.text[::-1])]
-
 
 
 def test_an_input_is_a_query_of_death_only_once_it_crashed_alone() -> None:

@@ -264,3 +264,36 @@ def test_a_restart_due_after_stop_never_starts() -> None:
         return calls
 
     assert run_virtual(main) == 1
+
+
+def test_a_forgiven_death_counts_no_failure_and_shortens_the_wait_under_way() -> None:
+    """Deaths pinned on a convicted input are taken back: the slot's next start comes after
+    the backoff its own failures earn, even when the restart was already waiting."""
+
+    async def main() -> list[tuple[int, float]]:
+        slots = make(count=1)
+        starts: list[tuple[int, float]] = []
+        done = anyio.Event()
+
+        async def start(slot: Slot) -> None:
+            starts.append((slot.restarts, anyio.current_time()))
+            worker = slots.begin(slot)
+            if slot.restarts < 2:  # dies at once, twice: the second wait would be 1 s
+                slots.mark_dead(slot, worker)
+                slots.restart(slot)
+                if slot.restarts == 2:
+                    await anyio.sleep(0.1)
+                    slots.forgive(worker)  # its input was convicted 0.1 s later
+                    assert slot.failures == 1
+            else:
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            t0 = anyio.current_time()
+            await tg.start(slots.keep_started, start)
+            with anyio.fail_after(60):
+                await done.wait()
+            tg.cancel_scope.cancel()
+        return [(n, t - t0) for n, t in starts]
+
+    assert run_virtual(main) == [(0, 0.0), (1, 0.5), (2, 1.0)]  # not 1.5

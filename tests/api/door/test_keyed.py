@@ -244,7 +244,7 @@ class Serving:
         self._held.set()
 
     async def __call__(self, job: Job, client: ClientWatch | None,
-                       register: object) -> Answered:
+                       register: object, pending: object = None) -> Answered:
         self.runs += 1
         if self._held is not None:
             await self._held.wait()
