@@ -171,7 +171,10 @@ class DispatchCore:
             return True
         if len(self._batcher) == 0:
             return False
-        if was_empty or len(self._batcher) >= self._max_batch:
+        batcher = self._batcher
+        if was_empty or len(batcher) >= self._max_batch:
+            return True
+        if batcher.queues.chars() >= batcher.max_chars():  # full by its characters
             return True
         policy = self._batcher.policy
         return idle > 1 and policy.idle_trigger and policy.spare_capacity(self._capacity(now))

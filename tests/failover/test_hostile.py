@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from batcher import Item, ItemId, Tier
-from failover import QueryOfDeath
+from batcher import FlushPolicy, Item, ItemId, Tier
+from failover import CoreSettings, QueryOfDeath, build_core
 from failover.errors import CallerRefused, SuspectInput
 from gpu_pool import Err, WorkerId
 from tests.failover.test_core import HANG, HEDGE, MAX_WAIT, CoreMachine, _Draw
@@ -173,3 +173,22 @@ def test_an_input_is_suspected_only_while_it_is_judged() -> None:
     m.reply(_Draw(worker), "ok")
     assert m.m.settled[a.id] == [a.text[::-1]]
     m.core.admit([Item(ItemId(99), a.text, Tier.PAID, m.now, m.now + 5.0, m)], 5.0, m.now)
+
+
+def test_a_queue_holding_a_batchs_worth_of_characters_is_cut_at_once() -> None:
+    core = build_core(CoreSettings(
+        budgets={Tier.PAID: 5.0, Tier.FREE: 5.0},
+        policy=FlushPolicy(max_batch=100, max_wait=MAX_WAIT, max_batch_chars=10),
+        queue_capacity=40, initial_latency=0.1))
+    m = CoreMachine()
+    core.worker_ready(WorkerId(1), 0.0)
+    core.worker_ready(WorkerId(2), 0.0)
+    assert core.poll(0.0).send == []
+    first = Item(ItemId(1), "abcd", Tier.PAID, 0.0, 5.0, m)
+    core.admit([first], 5.0, 0.0)
+    core.poll(0.0)  # the first arrival goes at once to an idle worker
+    core.admit([Item(ItemId(2), "ab", Tier.PAID, 0.0, 5.0, m)], 5.0, 0.0)
+    assert core.poll(0.0).send == []  # one worker idle: it waits for a fuller batch
+    turn = core.admit([Item(ItemId(3), "x" * 12, Tier.PAID, 0.001, 5.0, m)], 5.0, 0.001)
+    assert turn  # a batch's worth of characters is waiting: the owner takes a turn now
+    assert [s.run.inputs for s in core.poll(0.001).send] == [("ab",)]  # the cap: one more
