@@ -15,6 +15,7 @@ from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import PAID, patient_keys, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+ONE_DOOR = "the pool's verdicts are the core's: a cell's front door adds nothing to judge"
 
 
 def code(r: httpx.Response) -> str:
@@ -39,7 +40,9 @@ async def learn(client: httpx.AsyncClient) -> None:
 
 
 async def test_an_input_that_hangs_is_caught_and_never_holds_every_worker(
-        tmp_path: Path) -> None:
+        tmp_path: Path, gateways: int) -> None:
+    if gateways > 1:
+        pytest.skip(ONE_DOOR)
     args = [*patient_keys(tmp_path), "--hang-timeout-ms", "1500"]
     with running_server(workers=2, model="tests.models:hang", args=args) as srv:
         async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
@@ -66,7 +69,9 @@ async def test_an_input_that_hangs_is_caught_and_never_holds_every_worker(
 
 
 async def test_a_caller_sending_fresh_killers_is_refused_and_paid_never_lacks_a_worker(
-        tmp_path: Path) -> None:
+        tmp_path: Path, gateways: int) -> None:
+    if gateways > 1:
+        pytest.skip(ONE_DOOR)
     args = patient_keys(tmp_path)
     with running_server(workers=2, model="tests.models:killer", args=args) as srv:
         async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
@@ -97,7 +102,9 @@ async def test_a_caller_sending_fresh_killers_is_refused_and_paid_never_lacks_a_
 
 
 async def test_with_one_worker_a_killer_that_left_is_still_caught(
-        tmp_path: Path) -> None:
+        tmp_path: Path, gateways: int) -> None:
+    if gateways > 1:
+        pytest.skip(ONE_DOOR)
     args = [*patient_keys(tmp_path), "--max-wait-ms", "200"]
     with running_server(workers=1, model="tests.models:killer", args=args) as srv:
         async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
