@@ -39,9 +39,10 @@ from failover.errors import (
     ShuttingDown,
     SuspectInput,
 )
+from failover.groups import Group, Kind
 from failover.offenders import Offenders
 from failover.quarantine import Quarantine
-from failover.table import Group, InFlightTable, Kind, TableStatistics
+from failover.table import InFlightTable, TableStatistics
 from gpu_pool import Err, Ok, Run, WorkerId
 
 Result = tuple[Item, str | BaseException]

@@ -26,15 +26,12 @@ hedge that stalls as its original did is evidence against the inputs, not the wo
 are killed and the items count a death each. Runs of suspects are killed once they stall
 (past the time a hedge would start), not after the far longer hang limit.
 
-Groups (re-runs after a death, isolation runs, hedges) wait in the table for an idle worker
-and keep their items' tier: the core lets a group run only when no better tier has work
-queued, and lets isolation runs hold every worker but one, so that a query of death under
-investigation never takes the whole pool.
+Groups (`failover/groups.py`: re-runs after a death, isolation runs, hedges) wait in the
+table for an idle worker.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import math
 from collections import deque
@@ -43,51 +40,11 @@ from dataclasses import dataclass, field
 
 from batcher import Item, Tier
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
+from failover.groups import Group, Kind, Lineage
 from failover.hang import BatchTimes
 from gpu_pool import BatchId, WorkerId
 
 Result = tuple[Item, str | BaseException]
-
-
-@dataclass(slots=True)
-class _Lineage:
-    """Shared by every group bisected out of one failed batch: bounds the extra runs."""
-
-    budget: int
-
-
-class Kind(enum.Enum):
-    """Why a group runs again."""
-
-    RETRY = "retry"  # its batch's worker died once: run it again, whole
-    ISOLATE = "isolate"  # died twice, or a model error: halved until the culprit runs alone
-    HEDGE = "hedge"  # its batch stalled: a second copy elsewhere, the first answer wins
-
-
-@dataclass(slots=True)
-class Group:
-    """Items waiting in the table for a worker, ahead of new batches of their tier."""
-
-    items: list[Item]
-    kind: Kind
-    lineage: _Lineage | None = None
-    twin: BatchId | None = None  # a hedge: the batch it copies
-    tier: Tier = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tier = min(i.tier for i in self.items)
-
-    @property
-    def killed(self) -> bool:
-        """Its items killed a worker (rather than made the model raise)."""
-        return any(i.attempts for i in self.items)
-
-    def live(self) -> list[Item]:
-        """The items still to run: a hedge's only while someone waits for them; a
-        suspect's until it is answered or convicted."""
-        if self.kind is Kind.HEDGE:
-            return [i for i in self.items if not i.done and not i.cancelled]
-        return [i for i in self.items if not i.done]
 
 
 @dataclass(slots=True)
@@ -99,7 +56,7 @@ class InFlight:
     hang_deadline: float  # its worker is killed past this
     hedge_deadline: float  # re-run elsewhere past this (inf: never)
     chars: int
-    lineage: _Lineage | None = None
+    lineage: Lineage | None = None
     kind: Kind | None = None  # None: a fresh batch
     twin: BatchId | None = None
     stall_deadline: float = math.inf  # a run of suspects: its worker is killed past this
@@ -304,10 +261,10 @@ class InFlightTable:
         if len(items) <= 1:
             self._model_errors += len(items)
             return Actions(deliver=self._judged(_settled([(i, error) for i in items])))
-        self._split(items, batch.lineage or _Lineage(self._bisect_budget))
+        self._split(items, batch.lineage or Lineage(self._bisect_budget))
         return Actions()
 
-    def _split(self, items: list[Item], lineage: _Lineage) -> None:
+    def _split(self, items: list[Item], lineage: Lineage) -> None:
         """Queue `items` again as two halves (one by one once the budget is spent)."""
         if len(items) == 1:
             groups = [items]
@@ -324,7 +281,7 @@ class InFlightTable:
         """Queue the survivors of a run that lost a member as one group, a fresh isolation.
         Each such re-run holds fewer items than the run before it: bounded."""
         self._bisect_runs += 1
-        self._groups.append(Group(items, Kind.ISOLATE, _Lineage(self._bisect_budget)))
+        self._groups.append(Group(items, Kind.ISOLATE, Lineage(self._bisect_budget)))
 
     def requeue(self, items: list[Item]) -> None:
         """Run again, before new work of their tier, the items of a batch whose worker
@@ -409,7 +366,7 @@ class InFlightTable:
         elif suspects:
             # Died twice: the batch may hold a query of death. Halve it (then halve again)
             # until the input that kills a worker runs alone; the rest are answered.
-            self._split(suspects, batch.lineage or _Lineage(self._bisect_budget))
+            self._split(suspects, batch.lineage or Lineage(self._bisect_budget))
         if actions.retry:
             self._reroutes += 1
             self._rerouted_items += len(actions.retry)

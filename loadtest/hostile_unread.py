@@ -4,18 +4,18 @@
         [--every-s 0.3] [--body-timeout-s 5] [--gateways 1 2]
 
 For each shape (one process; a cell of `--gateways K`), runs `batchgate serve` from this
-checkout or `--root`, with one `sim` worker (it answers an input reversed, so a 1 MB request
-gets a 1 MB answer) and `--max-input-chars` raised so a 1 MB request is one input. It warms
-each of the server's HTTP processes with rounds of `--connections` 1 MB requests at once, read
-whole (so the figure before holds the allocator's own growth), then opens `--connections` raw
-sockets that each send `--requests` anonymous 1 MB requests `--every-s` apart (as much of each
-as the kernel takes) and read nothing. It prints the resident memory of the server's HTTP
+checkout or `--root`, with one `sim` worker (it answers an input reversed, so a megabyte
+request gets a megabyte answer) and `--max-input-chars` raised so that such a request is one
+input. It warms each of the server's HTTP processes with rounds of such requests read whole
+(so that the figure before holds the allocator's own growth), then opens `--connections` raw
+sockets that each send `--requests` anonymous requests `--every-s` apart (as much of each as
+the kernel takes) and read nothing. It prints the resident memory of the server's HTTP
 processes (the single process; the gateways and the core), before and at its peak while the
 clients send, how many requests the server answered, and when it let go of each connection
 (None: it still held it at the end).
 
-Every wait is bounded: a shape ends `--requests` x `--every-s` + `--body-timeout-s` + 5 s
-after its clients start.
+Every wait is bounded: a shape ends `--body-timeout-s` plus a few seconds after its clients
+have sent everything.
 """
 
 from __future__ import annotations
