@@ -20,16 +20,25 @@ from gpu_pool.models import (
 )
 from gpu_pool.pool import PoolSettings, WorkerPool
 from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
-from gpu_pool.ray_settings import RayPoolSettings, parse_resources
+from gpu_pool.ray_settings import (
+    CELL_ID_ENV,
+    INCARNATION_ENV,
+    CellIdentity,
+    RayPoolSettings,
+    parse_resources,
+)
 from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
 from gpu_pool.slots import Backoff, SlotState
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 
 __all__ = [
     "BUILTIN_MODELS",
+    "CELL_ID_ENV",
+    "INCARNATION_ENV",
     "Backoff",
     "BatchId",
     "BatchModel",
+    "CellIdentity",
     "Err",
     "ModelEntry",
     "Ok",

@@ -18,6 +18,15 @@ it is idle and its slot gets a new actor at once, under the same worker id, as t
 pool does (`Slots.replace`): a batch the core sends meanwhile waits for the new actor. Calls
 are fenced by the slot's list of pending calls, which a new actor (and a replacement)
 clears: an answer from an actor no longer the slot's is dropped.
+
+In a cell (`RayPoolSettings.cell`) the actors are detached and named for the cell's slots,
+so they outlive a core that dies abruptly: the next core finds each slot's newest actor
+alive and claims it (`gpu_pool.ray_actor`), its model already loaded, instead of starting
+one; an actor that cannot be claimed within the ready timeout (the dead core's batch hangs
+on it) is killed and replaced. A pool that stops, drained or cancelled, kills its actors,
+so nothing is left on the cluster; an actor whose cell is gone entirely ends itself once
+its lease lapses (`RayPoolSettings.orphan_after`). Ray's driver changes this process's
+signal handlers when it connects; they are put back (`gpu_pool.signal_guard`).
 """
 
 from __future__ import annotations
@@ -39,10 +48,11 @@ from anyio.abc import TaskStatus
 from ray.exceptions import RayError
 
 from gpu_pool.memory import MIB
-from gpu_pool.protocol import Ready, Run, WorkerId
-from gpu_pool.ray_actor import spawn_actor
+from gpu_pool.protocol import Run, WorkerId
+from gpu_pool.ray_actor import Claim, Owner, Refused, actor_name, find_actors, spawn_actor
 from gpu_pool.ray_settings import RayPoolSettings
 from gpu_pool.seam import PoolEvents, Unstarted
+from gpu_pool.signal_guard import signals_kept
 from gpu_pool.slots import Slot, SlotPool, Slots, SlotState
 from gpu_pool.worker import WorkerConfig
 
@@ -51,6 +61,7 @@ log = logging.getLogger("batchgate.ray_pool")
 CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
+RENEWALS_PER_LEASE = 4  # a lease is renewed this often within its length
 _PLACED = frozenset({SlotState.STARTING, SlotState.READY, SlotState.BUSY})  # holding room
 
 
@@ -60,7 +71,8 @@ class _Slot(Slot):
     actor: Any = None  # the incarnation's ActorHandle
     calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
     held: Run | None = None  # sent while the worker is replaced: the new actor's first
-    actors: int = 0  # actors this slot has had, for unique names
+    actors: int = 0  # the newest generation named for this slot, by this pool or earlier
+    found: Any = None  # an earlier core's live actor, claimed at this slot's first start
 
 
 class RayPool(SlotPool[_Slot]):
@@ -68,8 +80,12 @@ class RayPool(SlotPool[_Slot]):
 
     def __init__(self, settings: RayPoolSettings) -> None:
         self._settings = settings
-        self._namespace = settings.namespace or (
-            f"batchgate-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}")
+        cell = settings.cell
+        self._namespace = settings.namespace or (cell.namespace if cell else (
+            f"batchgate-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"))
+        self._owner = Owner(cell.incarnation if cell else 0, secrets.token_hex(8))
+        self._lease = settings.orphan_after if cell else None  # None: not detached
+        self.attached = 0  # actors claimed from an earlier core, their models loaded
         self._events: PoolEvents = Unstarted()
         self._loop: asyncio.AbstractEventLoop | None = None
         super().__init__(Slots([_Slot(i) for i in range(settings.pool.workers)],
@@ -86,12 +102,12 @@ class RayPool(SlotPool[_Slot]):
         kills the actors and leaves Ray on the way out."""
         self._events = events
         self._loop = asyncio.get_running_loop()
-        # ray.init blocks for seconds; in a thread it also leaves the server's SIGTERM
-        # handler alone (in the main thread it would install one that exits at once).
-        await anyio.to_thread.run_sync(self._connect)
+        await anyio.to_thread.run_sync(self._connect)  # ray.init blocks for seconds
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._report_deaths)
+                if self._lease is not None:
+                    tg.start_soon(self._renew, self._lease / RENEWALS_PER_LEASE)
                 await tg.start(self._slots.keep_started, self._start)
                 task_status.started()
         finally:
@@ -118,10 +134,10 @@ class RayPool(SlotPool[_Slot]):
         """Kill every actor (after a drain none holds a batch) and leave Ray; stops the
         local Ray if this pool started it."""
         self._slots.stop()
-        actors = [s.actor for s in self._slots if s.actor is not None]
+        actors = [a for s in self._slots for a in (s.actor, s.found) if a is not None]
         for slot in self._slots:
             self._slots.forget(slot.worker)
-            slot.state, slot.actor = SlotState.STOPPED, None
+            slot.state, slot.actor, slot.found = SlotState.STOPPED, None, None
             slot.calls.clear()
         await anyio.to_thread.run_sync(self._disconnect, actors)
 
@@ -138,7 +154,7 @@ class RayPool(SlotPool[_Slot]):
 
     def _run(self, slot: _Slot, worker: WorkerId, run: Run) -> None:
         try:
-            ref = slot.actor.run.remote(run)
+            ref = slot.actor.run.remote(self._owner, run)
         except RayError:  # this process lost Ray itself: as good as the actor gone
             self._lost(slot, worker)
             return
@@ -161,20 +177,38 @@ class RayPool(SlotPool[_Slot]):
 
     # -- Ray, in a thread --------------------------------------------------------------------
     def _connect(self) -> None:
-        if ray.is_initialized():  # the host process joined a cluster itself: share it
-            return
+        if not ray.is_initialized():  # else the host process joined a cluster: share it
+            with signals_kept():
+                self._init()
+            self._owns_ray = True
+        if self._settings.cell is not None:
+            self._find()
+        fit = self._capacity()
+        if fit < len(self._slots):
+            log.warning("the cluster has room for %d of %d workers (each holds %s): the "
+                        "rest wait, pending, until nodes with room join", fit,
+                        len(self._slots), self._settings.resources)
+
+    def _init(self) -> None:
         if self._settings.address is None:
             ray.init(address="local", resources=self._settings.local_resources(),
                      namespace=self._namespace, include_dashboard=False)
         else:
             _check_reachable(self._settings.address)
             ray.init(address=self._settings.address, namespace=self._namespace)
-        self._owns_ray = True
-        fit = self._capacity()
-        if fit < len(self._slots):
-            log.warning("the cluster has room for %d of %d workers (each holds %s): the "
-                        "rest wait, pending, until nodes with room join", fit,
-                        len(self._slots), self._settings.resources)
+
+    def _find(self) -> None:
+        """Note each slot's newest live actor (an earlier core's) and kill the rest."""
+        found = find_actors(self._namespace, len(self._slots))
+        for slot in self._slots:
+            slot.found = found.newest.get(slot.index)
+            slot.actors = found.generations.get(slot.index, 0)
+        for actor in found.others:
+            with contextlib.suppress(RayError, ValueError):
+                ray.kill(actor)
+        if found.newest:
+            log.info("found %d live workers of an earlier core in %s: claiming them",
+                     len(found.newest), self._namespace)
 
     def _capacity(self) -> int:
         """How many workers the cluster's nodes hold, all together."""
@@ -190,7 +224,8 @@ class RayPool(SlotPool[_Slot]):
             with contextlib.suppress(RayError, ValueError):
                 ray.kill(actor)
         if self._owns_ray:
-            ray.shutdown()
+            with signals_kept():
+                ray.shutdown()
             self._owns_ray = False
 
     # -- internals ---------------------------------------------------------------------------
@@ -201,38 +236,48 @@ class RayPool(SlotPool[_Slot]):
         # The core never saw a replaced worker go: it keeps its id (its actor a new name).
         replacing = slot.replacing
         worker = slot.worker if replacing else self._slots.begin(slot)
-        slot.actors += 1
-        name = f"worker-{worker}.{slot.actors}" if replacing else f"worker-{worker}"
-        actor = spawn_actor(config, name, self._namespace, **self._settings.actor_options())
+        actor, slot.found = slot.found, None  # an earlier core's: claimed once, at most
+        if actor is None:
+            slot.actors += 1
+            actor = spawn_actor(config, self._owner, actor_name(slot.index, slot.actors),
+                                self._namespace, lease=self._lease,
+                                **self._settings.actor_options())
         slot.actor, slot.node = actor, "-"
         slot.calls.clear()
-        self._call(slot, worker, actor.sentinel.remote(), self._on_sentinel)
         try:
             slot.node, slot.pid = await actor.where.remote()  # waits for room
             if slot.worker != worker or slot.state is not SlotState.PENDING:
                 return
             slot.state = SlotState.STARTING
             self._slots.signal_change()
-            with anyio.fail_after(pool.ready_timeout):
-                ready = await actor.load.remote()
+            with anyio.fail_after(pool.ready_timeout):  # loading, or an old batch ending
+                claim = await actor.claim.remote(self._owner, config)
         except TimeoutError:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       pool.ready_timeout)
             self._lost(slot, worker)
             return
+        except Refused as exc:  # a later core's: not this pool's to kill
+            log.error("worker %s (slot %d) refused: %s", worker, slot.index, exc)
+            self._lost(slot, worker, kill=False)
+            return
         except RayError as exc:  # died while placed or loading, or the model failed to load
             log.error("worker %s failed to start: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
-        self._up(slot, worker, ready)
+        # Only once claimed: an earlier owner's sentinel might otherwise answer this one's.
+        self._call(slot, worker, actor.sentinel.remote(self._owner), self._on_sentinel)
+        self._up(slot, worker, claim)
 
-    def _up(self, slot: _Slot, worker: WorkerId, ready: Ready) -> None:
+    def _up(self, slot: _Slot, worker: WorkerId, claim: Claim) -> None:
         if slot.worker != worker or slot.state is not SlotState.STARTING:
             return
-        replaced = slot.replacing
+        replaced, ready = slot.replacing, claim.ready
         self._slots.mark_ready(slot, ready.device)
-        log.info("worker %s ready (slot %d, node %s, pid %d, %s)", worker, slot.index,
-                 slot.node, ready.pid, ready.device)
+        self.attached += claim.reused
+        log.info("worker %s %s (slot %d, node %s, pid %d, %s)", worker,
+                 "attached, loaded by an earlier core" if claim.reused else "ready",
+                 slot.index, slot.node, ready.pid, ready.device)
         if not replaced:
             self._events.worker_ready(worker)
         elif slot.held is not None:  # the core's batch, sent meanwhile
@@ -272,11 +317,15 @@ class RayPool(SlotPool[_Slot]):
         if slot.state is not SlotState.BUSY:
             return
         try:
-            reply, rss = future.result()
+            answer = future.result()
         except Exception as exc:  # a RayError: the actor (or its node) is gone
             log.warning("worker %s lost mid-batch: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
+        if answer is None:  # nothing ran: another core took the actor over
+            self._taken(slot, worker)
+            return
+        reply, rss = answer
         self._slots.mark_answered(slot)
         memory = self._settings.pool.memory
         if memory.exceeded(rss):  # before its answer is passed on: see the module's doc
@@ -297,16 +346,27 @@ class RayPool(SlotPool[_Slot]):
     def _on_sentinel(
         self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
     ) -> None:
-        self._lost(slot, worker)  # the sentinel answers only when the actor is gone
+        if future.exception() is None:  # it answered: another core claimed the actor
+            self._taken(slot, worker)
+        else:  # it failed: the actor is gone
+            self._lost(slot, worker)
 
-    def _lost(self, slot: _Slot, worker: WorkerId) -> None:
-        """The incarnation is gone, or must go: kill it and replace it; its death is
-        reported once, after its node is checked (`_report_deaths`)."""
+    def _taken(self, slot: _Slot, worker: WorkerId) -> None:
+        log.error("worker %s (slot %d) was claimed by another core", worker, slot.index)
+        self._lost(slot, worker, kill=False)
+
+    def _lost(self, slot: _Slot, worker: WorkerId, *, kill: bool = True) -> None:
+        """The incarnation is gone, or must go: kill it (unless another core owns it) and
+        replace it; its death is reported once, after its node is checked
+        (`_report_deaths`)."""
         if not self._slots.mark_dead(slot, worker):
             return
         slot.held = None  # the core re-runs it, told of the death
-        with contextlib.suppress(RayError, ValueError):
-            ray.kill(slot.actor)  # a no-op for one already dead
+        if kill:
+            with contextlib.suppress(RayError, ValueError):
+                ray.kill(slot.actor)  # a no-op for one already dead
+        else:
+            slot.actor = None  # nor killed when this pool stops
         self._slots.forget(worker)
         if not self._slots.stopping:
             log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
@@ -314,6 +374,15 @@ class RayPool(SlotPool[_Slot]):
         self._deaths.set()
         if self._settings.pool.restart:
             self._slots.restart(slot)
+
+    async def _renew(self, every: float) -> None:
+        """Renew each placed actor's lease, `every` seconds, as long as the pool runs."""
+        while True:
+            await anyio.sleep(every)
+            for slot in self._slots:
+                if slot.actor is not None and slot.state in _PLACED:
+                    with contextlib.suppress(RayError):  # gone: its death is seen apart
+                        slot.actor.renew.remote(self._owner)
 
     async def _report_deaths(self) -> None:
         """Report the dead once it is known whether their nodes are gone, and with them

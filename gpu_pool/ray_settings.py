@@ -4,16 +4,54 @@ each worker actor holds there.
 Each worker is one actor holding one GPU by default. A CPU-only cluster names a custom
 resource instead (`batchgate_slot`: one actor per unit a node declares), which is also how
 the tests place exactly one worker per slot on a cluster of CPU nodes.
+
+In a cell whose core is restarted by a supervisor, the actors outlive the core: they are
+named after the cell (`CellIdentity`), so the next core finds them and attaches. One that
+no core claims for `orphan_after` seconds (the whole cell is gone) ends itself.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpu_pool.pool import PoolSettings
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
+CELL_ID_ENV = "BATCHGATE_CELL_ID"  # set by the cell's supervisor on each core it starts
+INCARNATION_ENV = "BATCHGATE_CORE_INCARNATION"  # 0, 1, 2, ... across that cell's cores
+
+
+@dataclass(frozen=True, slots=True)
+class CellIdentity:
+    """Which cell a core serves, stable across the core's restarts, and which of its
+    cores this is: a later one takes actors over from an earlier one, never the reverse."""
+
+    cell: str
+    incarnation: int = 0
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.cell):
+            raise ValueError(f"cell id {self.cell!r}: letters, digits and _.:- only")
+        if self.incarnation < 0:
+            raise ValueError(f"core incarnation must be >= 0, got {self.incarnation}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CellIdentity | None:
+        """The identity a supervisor hands its core in `env`; None outside a cell."""
+        cell = env.get(CELL_ID_ENV)
+        if not cell:
+            return None
+        text = env.get(INCARNATION_ENV, "0")
+        try:
+            return cls(cell, int(text))
+        except ValueError as exc:
+            raise ValueError(f"{CELL_ID_ENV}={cell!r} {INCARNATION_ENV}={text!r}: {exc}") from None
+
+    @property
+    def namespace(self) -> str:
+        return f"batchgate-cell-{self.cell}"
 
 
 def parse_resources(text: str) -> dict[str, float]:
@@ -51,11 +89,15 @@ class RayPoolSettings:
     pool: PoolSettings
     address: str | None = None  # None: start a local Ray for this pool, stopped with it
     resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
-    namespace: str | None = None  # actors are named worker-<id> in it; None: one per pool
+    namespace: str | None = None  # actors are named in it; None: the cell's, else one per pool
+    cell: CellIdentity | None = None  # None: the actors die with the pool's process
+    orphan_after: float = 120.0  # a cell's actor that no core has renewed this long ends
 
     def __post_init__(self) -> None:
         if not self.resources or any(not v > 0 for v in self.resources.values()):
             raise ValueError(f"worker resources must be positive, got {self.resources}")
+        if not self.orphan_after > 0:
+            raise ValueError(f"orphan_after must be > 0, got {self.orphan_after}")
 
     def actor_options(self) -> dict[str, object]:
         """`ActorClass.options(...)` arguments: CPU and GPU are Ray's own keywords, every
@@ -79,4 +121,5 @@ class RayPoolSettings:
         return max(1, int(self.resources.get("CPU", 1.0)))
 
 
-__all__ = ["RayPoolSettings", "parse_resources"]
+__all__ = ["CELL_ID_ENV", "INCARNATION_ENV", "CellIdentity", "RayPoolSettings",
+           "parse_resources"]

@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster
 
 SLOT = "batchgate_slot"  # the custom resource each worker actor holds
 SLOTS_PER_NODE = 2
+SLOW_LOAD_S = 3.0  # how long `tests.ray.slow_load`'s model takes to load
 ROOT = Path(__file__).parents[2]
 ADMIN = {"Authorization": "Bearer admin-demo-key"}
 FAST_NODE_DEATH = {
@@ -75,11 +76,21 @@ class Lab:
                 "--ray-worker-resources", SLOT]
 
 
-def kill_actor(worker_id: int) -> None:
-    """`ray.kill` worker `worker_id`'s actor (named worker-<id>, in its server's namespace)."""
-    (named,) = [a for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"] == f"worker-{worker_id}"]
-    ray.kill(ray.get_actor(named["name"], namespace=named["namespace"]))
+def kill_actor(pid: int) -> None:
+    """`ray.kill` the live actor whose process is `pid`, as an operator would."""
+    ray.kill(actor_of(pid))
+
+
+def actor_of(pid: int) -> Any:
+    """The handle of the live actor whose process is `pid`, found by its name."""
+    (actor_id, name), = [(k, a["Name"]) for k, a in ray._private.state.actors().items()
+                         if a["Pid"] == pid and a["State"] == "ALIVE"]
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["name"] == name:  # the same name may be in several namespaces
+            actor = ray.get_actor(name, namespace=entry["namespace"])
+            if actor._actor_id.hex() == actor_id:
+                return actor
+    raise LookupError(f"no named actor with pid {pid}")
 
 
 def up(workers: list[Worker]) -> list[Worker]:

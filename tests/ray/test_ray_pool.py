@@ -81,9 +81,11 @@ async def test_a_hung_actor_killed_is_reported_dead_once_and_replaced_under_a_ne
 
 
 async def test_an_idle_actor_killed_from_outside_is_seen_dead_at_once(lab: Lab) -> None:
-    async with ray_pool("sim") as (_, events):
+    async with ray_pool("sim") as (pool, events):
         (first,) = events.ready
-        kill_actor(first)  # no batch pending: only its sentinel call can tell
+        (info,) = pool.workers()
+        assert info.pid is not None
+        kill_actor(info.pid)  # no batch pending: only its sentinel call can tell
         await events.wait_for(lambda: len(events.ready) == 2)
         assert events.died == [first]
 

@@ -65,7 +65,7 @@ async def test_ray_kill_of_a_busy_actor_loses_nothing_and_the_pool_comes_back_to
             tg.start_soon(offer, srv.url, 300, 8, results)
             (busy, *_) = in_state(await wait_workers(
                 srv.url, lambda ws: bool(in_state(ws, "busy"))), "busy")
-            kill_actor(busy["id"])
+            kill_actor(busy["pid"])
             after = await wait_workers(
                 srv.url, lambda ws: len(up(ws)) == 4 and busy["id"] not in {w["id"] for w in ws})
         assert_all_answered(results[0])
