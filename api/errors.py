@@ -11,8 +11,10 @@
     ├── CoreUnavailable            gateway/    the core process is gone or not answering
     ├── QueueFull, Overloaded (OverBudget, DeadlineUnreachable, NoWorkerReady),
     │   Closed, DeadlineExceeded               batcher/: refused or out of time
-    └── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
-        (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
+    ├── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
+    │   (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
+    └── StateUnavailable (ConnectionError)          failover/state/: the store of kept
+                                                   answers (--state) cannot be reached
 
 A status is looked up by code in `ERRORS`, never decided by the raiser: importing the
 classes of failover/ here would load the dispatch core into every gateway. Anything that is
@@ -81,6 +83,9 @@ ERRORS: dict[str, ErrorCode] = {
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),
     "shutting_down": ErrorCode(503, "the server is draining, or shut down before the item ran"),
     "core_unavailable": ErrorCode(503, "a gateway's core process is gone or not answering"),
+    "state_unavailable": ErrorCode(503, "the store of kept answers (--state) cannot be "
+                                        "reached: a request with an Idempotency-Key is "
+                                        "refused (one without is served)"),
     "retry": ErrorCode(503, "the first request with this Idempotency-Key ended unanswered "
                             "(its client left)"),
     "deadline_exceeded": ErrorCode(

@@ -5,9 +5,12 @@ each component's `statistics()` at scrape time (the components hold no metric ob
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +198,16 @@ class Metrics:
             "batchgate_idempotent_replays", "Answers served from the idempotency store",
             registry=r,
         )
+        self.resubmitted = Counter(
+            "batchgate_resubmitted",
+            "Jobs a gateway sent again to a restarted core (a keyless one may run twice)",
+            registry=r,
+        )
+        self.state_errors = Counter(
+            "batchgate_state_errors",
+            "Calls to the shared state (--state) that failed; part: kept answers or limits",
+            ["part"], registry=r,
+        )
         self.idle_gap = Histogram(
             "batchgate_worker_idle_gap_seconds",
             "From a worker's reply to its next batch, when work was waiting for it",
@@ -297,11 +310,32 @@ class Metrics:
 
     def render(self) -> bytes:
         self._observe_gc()
-        return generate_latest(self._view)
+        if self._view is self.registry:
+            return generate_latest(self._view)
+        with files_locked():  # a dead process's files may be being folded (`api.cell`)
+            return generate_latest(self._view)
+
+
+@contextmanager
+def files_locked(folder: str | None = None) -> Iterator[None]:
+    """Hold the lock on the multiprocess folder's metric files: a scrape reads them all
+    while no dead process's files are folded into the retired totals, so it never sees a
+    value twice or misses one. Without the folder (a single process), nothing to hold."""
+    folder = folder or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        yield
+        return
+    with open(os.path.join(folder, ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _nothing() -> None:
     pass
 
 
-__all__ = ["GC_GENERATIONS", "REFUSALS", "TIERS", "USUAL_STATUSES", "Metrics", "Snapshot"]
+__all__ = ["GC_GENERATIONS", "REFUSALS", "TIERS", "USUAL_STATUSES", "Metrics", "Snapshot",
+           "files_locked"]

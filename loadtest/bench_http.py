@@ -30,7 +30,14 @@ from loadtest import pool_overhead as overhead
 from loadtest.netns import loopback_only, rerun_isolated
 from loadtest.probe import ProbeConfig, TrafficClass, run_probe
 from loadtest.probe_results import ProbeResult
-from loadtest.server import RunningServer, cpu_seconds, fetch_metrics, metric, running_server
+from loadtest.server import (
+    RunningServer,
+    cpu_seconds,
+    door_pid,
+    fetch_metrics,
+    metric,
+    running_server,
+)
 
 DEFAULT_RATES = ("100@10", "100@2", "800@1", "1600@2")
 KEYS_FILE = Path(__file__).resolve().parents[1] / "examples" / "keys.toml"
@@ -119,9 +126,11 @@ def _gateway_pids(srv: RunningServer) -> list[int]:
 
 
 def _cpu(srv: RunningServer, gateways: list[int]) -> tuple[float, float, float]:
-    """CPU seconds of the core process, of its gateway processes, of its workers."""
-    gw = sum(cpu_seconds(pid) for pid in gateways)
-    return cpu_seconds(srv.pid), gw, cpu_seconds(srv.pid, children=True) - gw
+    """CPU seconds of the core process, of its gateway processes, of its workers (in a
+    cell the supervisor, which serves nothing, is not counted)."""
+    core = door_pid(srv)
+    return cpu_seconds(core), sum(cpu_seconds(pid) for pid in gateways), \
+        cpu_seconds(core, children=True)
 
 
 def _row(

@@ -27,7 +27,7 @@ from api.cell import LinkServer
 from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings
 from api.door import build_door
 from api.gateway import run_message
-from api.gateway.remote import _CoreConnection
+from api.gateway.remote import RemoteCore, _CoreConnection, _Settles
 from api.http import Answered, Job, settle_heap
 from api.metrics import Metrics
 from batcher import Tier
@@ -53,7 +53,8 @@ def generate(path: str, rate: float, duration: float, seed: int, start_at: float
 async def _generate(path: str, rate: float, duration: float, seed: int,
                     start_at: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    _, conn = await loop.create_unix_connection(lambda: _CoreConnection(lambda: None), path)
+    remote = RemoteCore(path, reconnect=False)
+    _, conn = await loop.create_unix_connection(lambda: _CoreConnection(remote), path)
     principal = Principal(Tier.PAID, f"gen-{seed}", f"gen-{seed}")
     offsets = poisson(rate, duration, seed)
     latencies: list[float] = []
@@ -78,7 +79,7 @@ async def _generate(path: str, rate: float, duration: float, seed: int,
             await asyncio.sleep(delay)
         text = f"g{seed}-{i}"
         future: asyncio.Future[Any] = loop.create_future()
-        conn.waiting[i] = future
+        conn.core.jobs[i] = ((), _Settles(future))
         conn.send(run_message(i, Job(principal, [text], True, 60.0)))
         future.add_done_callback(functools.partial(check, text, at))
         pending.append(future)

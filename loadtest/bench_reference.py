@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadtest.server import cpu_seconds, fetch_metrics, free_port, running_server
+from loadtest.server import cpu_seconds, door_pid, fetch_metrics, free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ROOT / "loadtest" / "reference-keys.toml"
@@ -166,9 +166,10 @@ def measure_batchgate(a: argparse.Namespace, scenario: str, rps: float, workers:
         url = srv.url + "/v1/batchstring"
         generate(a.ref_python, a.bench_dir, url, rps, a.warmup_s, 0.5, a.seed + 1)  # warm
         before = fetch_metrics(srv.url)
-        cpu0 = cpu_seconds(srv.pid)
+        door = door_pid(srv)  # a cell's core process, as the single process
+        cpu0 = cpu_seconds(door)
         result = generate(a.ref_python, a.bench_dir, url, rps, a.duration, a.warmup, a.seed)
-        cpu = cpu_seconds(srv.pid) - cpu0
+        cpu = cpu_seconds(door) - cpu0
         after = fetch_metrics(srv.url)
     gap, _ = histogram_quantile(before, after, "batchgate_worker_idle_gap_seconds", 0.99)
     gc_p99, pauses = histogram_quantile(before, after, "batchgate_gc_pause_seconds", 0.99)

@@ -187,6 +187,25 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     return total
 
 
+def core_pid(server: RunningServer) -> int | None:
+    """A cell's core process: its supervisor's child named `CORE_NAME` (None while the
+    supervisor starts another, or in a single process)."""
+    import psutil
+
+    from api.cell import CORE_NAME
+
+    for child in psutil.Process(server.pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.name() == CORE_NAME:
+                return int(child.pid)
+    return None
+
+
+def door_pid(server: RunningServer) -> int:
+    """The process that runs the door: a cell's core process, or the single process."""
+    return core_pid(server) or server.pid
+
+
 def fetch_metrics(url: str, timeout_s: float = 5.0) -> dict[str, float]:
     """`/metrics` as {'name{labels}': value}; comments and unparsable lines are skipped."""
     with urllib.request.urlopen(url + "/metrics", timeout=timeout_s) as resp:

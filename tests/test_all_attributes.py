@@ -7,7 +7,7 @@ import sys
 import pytest
 
 PACKAGES = ["batcher", "gpu_pool", "failover", "api", "gpu_pool.models", "api.config", "api.http",
-            "api.door", "api.gateway", "api.cell"]
+            "api.door", "api.gateway", "api.cell", "failover.state"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

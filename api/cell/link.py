@@ -6,6 +6,10 @@ each: a job's `Collation` tells the connection when it ends, deadlines fall due 
 slots with one timer per slot, and the answers of a turn are concluded together. A keyed job
 (it may wait on its leader) and a status call run as tasks in the link's own task group, and
 each answers something whatever happens: an error is logged and answered, never lost.
+
+With rate limits shared between cells (`Door.shared`, `--state redis://`) a check is a round
+trip: a frame's keyless jobs then run as one task of the link's, checked in one call
+(`Door.submit_shared`) and admitted as the frame's jobs are otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ log = logging.getLogger("batchgate.link")
 DEADLINE_SLOT_S = 0.01  # a gateway's job times out at most this late
 PRINCIPALS_KEPT = 4096  # distinct callers whose Principal a connection reuses
 SPAWNS_QUEUED = 65_536  # tasks asked for and not yet started (started every loop turn)
+CLOSE_TIMEOUT_S = 1.0  # the door's shared limits, closed once the link stops
 
 Spawn = tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
 
@@ -199,6 +204,45 @@ class _GatewayConnection(Framed):
         self._deadlines.clear()
 
 
+class _SharedGatewayConnection(_GatewayConnection):
+    """A gateway's link when the door's rate limits are shared: a frame's keyless jobs wait
+    for their check in a task. Until admitted they count as starting: a cancel marks them
+    gone, and they leave once admitted."""
+
+    def _submit(self, runs: list[_LinkJob]) -> None:
+        try:
+            self._spawns.send_nowait((self._admit, (runs,)))
+        except anyio.WouldBlock:
+            for run in runs:
+                self.send(outcome_message(run.rid, self._door.refusal(
+                    CoreUnavailable("the core is too busy to take it now"),
+                    run.job.principal.tier)))
+            return
+        self._starting.update(run.rid for run in runs)
+
+    async def _admit(self, runs: list[_LinkJob]) -> None:
+        started = self._loop.time()
+        try:
+            results = await self._door.submit_shared([run.job for run in runs], runs)
+        finally:
+            self._starting.difference_update(run.rid for run in runs)
+        now = self._loop.time()
+        gone = self._gone
+        for run, result in zip(runs, results, strict=True):
+            rid = run.rid
+            if isinstance(result, list):
+                run.items = result
+                self._live[rid] = run
+                self._deadlines.add(run, run.job.timeout - (now - started), now)
+                if rid in gone or self.transport is None:  # its client already left
+                    gone.discard(rid)
+                    run.leave()
+            else:
+                gone.discard(rid)
+                if self.transport is not None:
+                    self.send(outcome_message(rid, result))
+
+
 class LinkServer:
     """Serves every gateway's link in the core process; its tasks live in its task group."""
 
@@ -206,7 +250,7 @@ class LinkServer:
         self._door, self._clock = door, clock
         self._calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "ready": status.ready, "workers": status.workers,
-            "metrics_text": status.metrics_text, "gateways": status.gateways,
+            "metrics_text": status.metrics_text, "cell": status.cell,
         }
         self._server: asyncio.AbstractServer | None = None
 
@@ -216,8 +260,10 @@ class LinkServer:
         loop = asyncio.get_running_loop()
         spawn, spawned = anyio.create_memory_object_stream[Spawn](SPAWNS_QUEUED)
         async with anyio.create_task_group() as tasks, spawn, spawned:
+            connection = (_GatewayConnection if self._door.shared is None
+                          else _SharedGatewayConnection)
             self._server = await loop.create_unix_server(
-                lambda: _GatewayConnection(self._door, self._clock, self._calls, spawn), path
+                lambda: connection(self._door, self._clock, self._calls, spawn), path
             )
             task_status.started()
             try:

@@ -1,245 +1,319 @@
-"""A cell's gateway processes: spawned on the shared listening socket, watched through their
-sentinels, restarted with the pool's backoff when they die, stopped on the way out. Also
-what the cell keeps on disk: the listening socket, and the scratch folder (link socket,
-every process's metric files) that a killed core leaves behind."""
+"""`batchgate serve --gateways K`: a supervisor, one core process and K gateway processes.
+
+```
+                          supervisor (this process: starts, restarts, stops; holds nothing)
+                         /                     \\
+             +-- gateway 1 (uvicorn: HTTP, JSON, keys) --+
+clients ---> +-- gateway 2                                +==link==> core process: Door,
+ (one port)  +-- gateway K                                +          core owner, pool
+```
+
+The supervisor binds the listening socket and hands it to K spawned gateways (as uvicorn's
+own multiprocess supervisor does); each gateway runs uvicorn on it and sends its jobs over
+its link to the core process (`api.cell.core`), which keeps priority, batching, admission,
+rate limits and idempotency global. The supervisor only supervises: a gateway that dies is
+restarted (its queued items were withdrawn when its link closed), and so is the core. While
+the core is gone the gateways hold their clients and jobs, and send the jobs again to the
+next core (`api.gateway.RemoteCore`); the dead core's workers that still run (a hung batch)
+are ended here, the supervisor being the subreaper of its descendants. The core's restarts
+are counted in `/admin/workers`, and each core process learns the cell's id and its own
+incarnation (`gpu_pool.CELL_ID_ENV`, `gpu_pool.INCARNATION_ENV`), which the shared state
+and the Ray pool use to tell a dead predecessor's claims and actors from another cell's.
+
+SIGTERM first turns /readyz 503 on every gateway while they go on serving for
+`--drain-delay-s` (a second signal cuts it short), then stops the gateways (uvicorn finishes
+what they hold, which the core still serves), then drains the core and its workers. The drain
+is the supervisor's alone: the core, the gateways and the workers ignore SIGTERM and SIGINT,
+which come to them too when the whole process group is signalled (systemd's default
+`KillMode=control-group`, Ctrl-C in a terminal). Every child ends with the supervisor
+(`api.gateway.lifeline`).
+
+`--max-connections` holds for the whole cell: the gateways count their connections together
+(`api.http.ConnectionTally`), and the supervisor forgets a dead gateway's share.
+
+Metrics: every process writes its counters and histograms through prometheus-client's
+multiprocess mode into one folder; the core renders them together with its own gauges, and
+a gateway's `/metrics` asks the core, so one scrape shows the whole server.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
+import ctypes
+import ctypes.util
+import json
 import logging
 import multiprocessing
 import os
+import secrets
 import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 import anyio
-from prometheus_client.mmap_dict import MmapedDict
-from prometheus_client.multiprocess import mark_process_dead
 
+from api.cell.core import DRAIN_SIGNAL, LEAVE_SIGNAL, core_main, uvloop_runner
+from api.cell.gateways import Gateways
+from api.cell.scratch import (
+    SCRATCH_PREFIX,
+    bind,
+    multiprocess_metrics,
+    retire_metrics,
+    sweep_scratch,
+)
 from api.config import Settings
-from api.gateway import STOP_SIGNAL, connections_file, gateway_main
-from api.http import ConnectionTally
-from gpu_pool import Backoff
+from api.gateway.lifeline import SUPERVISOR_PID
+from gpu_pool import CELL_ID_ENV, INCARNATION_ENV, Backoff
 
 log = logging.getLogger("batchgate.cell")
 
-STOP_GRACE_S = 30.0
+CORE_DRAIN_GRACE_S = 120.0  # past the core's own drain bound: then it is killed
+CORE_BACKOFF = Backoff(first=0.5, cap=30.0, stable_after=5.0)
+"""A core that served a few seconds died of something other than its start: the next one
+starts at once. Only a core that dies again and again soon after starting waits, longer
+each time (a crash loop must not spin the host's CPU)."""
+PR_SET_CHILD_SUBREAPER = 36
+
+CoreTarget = Callable[[Settings, int, str, str, Connection], None]
 
 
-class GatewayState(enum.Enum):
-    STARTING = "starting"  # not spawned yet
-    RUNNING = "running"
-    RESTARTING = "restarting"  # dead, waiting out its backoff
-    STOPPED = "stopped"
+def serve_cell(settings: Settings, gpus: int) -> int:
+    """Run the cell: the core and `settings.gateways` gateways; block until done."""
+    root = Path(tempfile.gettempdir())
+    for folder in sweep_scratch(root):
+        log.info("removed %s, left by a cell that was killed", folder)
+    scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
+    try:
+        multiprocess_metrics(scratch / "metrics")
+        os.environ[SUPERVISOR_PID] = str(os.getpid())
+        os.environ.setdefault(CELL_ID_ENV, secrets.token_hex(8))
+        sock = bind(settings.host, settings.port)
+        code: int = uvloop_runner()(_supervise(settings, gpus, sock, scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return code
 
 
-@dataclass(slots=True)
-class _Gateway:
-    slot: int
-    process: BaseProcess | None = None
-    restarts: int = 0
-    failures: int = 0  # deaths in a row, for the backoff
-    started_at: float = 0.0  # on the loop's clock
-    state: GatewayState = GatewayState.STARTING
+class CoreProcess:
+    """The core process: started, watched through its sentinel, restarted with the pool's
+    backoff when it dies, drained on the way out."""
 
-
-class Gateways:
-    """Spawns the gateway processes, watches each one's sentinel, restarts the dead."""
-
-    def __init__(self, settings: Settings, link: str, sock: socket.socket,
-                 backoff: Backoff | None = None,
-                 target: Callable[[Settings, str, socket.socket, int], None] = gateway_main,
-                 ) -> None:
-        """`target` is what each process runs (a test's own, importable under spawn)."""
-        self._settings, self._link, self._sock = settings, link, sock
-        self._backoff = backoff or Backoff()  # the worker pool's
-        self._target = target
+    def __init__(self, settings: Settings, gpus: int, link: str, status: Path,
+                 changed: Callable[[], None], backoff: Backoff | None = None,
+                 target: CoreTarget = core_main) -> None:
+        self._args = (settings, gpus, link, str(status))
+        self._changed, self._target = changed, target
+        self._backoff = backoff or CORE_BACKOFF
         self._ctx = multiprocessing.get_context("spawn")
-        self._slots = [_Gateway(i) for i in range(settings.gateways)]
-        self._stopping = False
-        self._all_stopped = anyio.Event()
-        self._tally: ConnectionTally | None = None
+        self.process: BaseProcess | None = None
+        self.incarnation = -1
+        self.restarts = 0
+        self.state = "starting"
+        self._failures = 0
+        self._started_at = 0.0
+        self._leaving = self._stopping = False
+        self._up = asyncio.Event()  # the current core said it is ready
+        self._gone = asyncio.Event()  # the current core exited
 
-    def start(self) -> None:
-        """Spawn every gateway, with the count of connections they share."""
-        self._tally = ConnectionTally.create(connections_file(self._link), len(self._slots))
-        for slot in self._slots:
-            self._spawn(slot)
+    def info(self) -> dict[str, Any]:
+        pid = self.process.pid if self.process is not None else None
+        return {"pid": pid, "state": self.state, "restarts": self.restarts,
+                "incarnation": self.incarnation}
 
-    def reload_keys(self) -> None:
-        """SIGHUP: authentication happens in the gateways; each re-reads the keys file."""
-        for slot in self._slots:
-            if slot.state is GatewayState.RUNNING and slot.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.process.pid or 0, signal.SIGHUP)
+    async def start(self) -> bool:
+        """Start the first core; whether it came up (False: it died first)."""
+        self._spawn()
+        up, gone = asyncio.ensure_future(self._up.wait()), asyncio.ensure_future(
+            self._gone.wait())
+        await asyncio.wait([up, gone], return_when=asyncio.FIRST_COMPLETED)
+        for waiting in (up, gone):
+            waiting.cancel()
+        return self._up.is_set()
 
-    def info(self) -> list[dict[str, Any]]:
-        return [
-            {"slot": g.slot, "pid": g.process.pid if g.process else None,
-             "state": g.state.value, "restarts": g.restarts}
-            for g in self._slots
-        ]
-
-    def _spawn(self, slot: _Gateway) -> None:
-        process = self._ctx.Process(
-            target=self._target, args=(self._settings, self._link, self._sock, slot.slot),
-            name=f"batchgate-gateway-{slot.slot}",
-        )
+    def _spawn(self) -> None:
+        self.incarnation += 1
+        os.environ[INCARNATION_ENV] = str(self.incarnation)  # read by the child at start
+        reader, writer = self._ctx.Pipe(duplex=False)
+        process = self._ctx.Process(target=self._target, args=(*self._args, writer),
+                                    name="batchgate-core")
         process.start()
+        writer.close()
         loop = asyncio.get_running_loop()
-        slot.process, slot.state, slot.started_at = process, GatewayState.RUNNING, loop.time()
-        loop.add_reader(process.sentinel, self._exited, slot, process)
-        log.info("gateway %d started (pid %s)", slot.slot, process.pid)
+        self.process, self.state, self._started_at = process, "starting", loop.time()
+        self._up.clear()
+        self._gone.clear()
+        loop.add_reader(reader.fileno(), self._said, reader)
+        loop.add_reader(process.sentinel, self._exited, process, reader)
+        log.info("core started (pid %s, incarnation %d)", process.pid, self.incarnation)
+        self._changed()
 
-    def _exited(self, slot: _Gateway, process: BaseProcess) -> None:
+    def _said(self, reader: Connection) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(reader.fileno())
+        try:
+            reader.recv()
+        except (EOFError, OSError):  # died before it was up: its sentinel says so
+            return
+        finally:
+            reader.close()
+        self.state = "running"
+        self._up.set()
+        if self._leaving and self.process is not None:  # came up after the leave began
+            _signal(self.process, LEAVE_SIGNAL)
+        self._changed()
+
+    def _exited(self, process: BaseProcess, reader: Connection) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(process.sentinel)
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(reader.fileno())
+        if not self._up.is_set() and not reader.closed and reader.poll():
+            self._said(reader)  # it said it was up, then died before that was read
+        if not reader.closed:
+            reader.close()
         process.join(timeout=1)
-        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")  # set by multiprocess_metrics
+        end_orphans()
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         if folder and process.pid is not None:
             retire_metrics(process.pid, Path(folder))
-        if self._stopping:
-            slot.state = GatewayState.STOPPED
-            if all(g.state is GatewayState.STOPPED for g in self._slots):
-                self._all_stopped.set()
+        self._gone.set()
+        if self._stopping or (not self._up.is_set() and self.incarnation == 0):
+            self.state = "stopped"  # stopped, or the first never came up: no restart
+            self._changed()
             return
-        if self._tally is not None:  # its connections closed with it
-            self._tally.forget(slot.slot)
-        slot.failures = self._backoff.after_exit(slot.failures, loop.time() - slot.started_at)
-        delay = self._backoff.delay(slot.failures)
-        log.warning("gateway %d (pid %s) exited with %s; restarting in %.1f s", slot.slot,
-                    process.pid, process.exitcode, delay)
-        slot.state, slot.restarts = GatewayState.RESTARTING, slot.restarts + 1
-        loop.call_later(delay, self._restart, slot)
+        self._failures = self._backoff.after_exit(self._failures,
+                                                  loop.time() - self._started_at)
+        delay = self._backoff.delay(self._failures) if self._failures > 1 else 0.0
+        log.error("the core (pid %s) exited with %s; starting another in %.1f s",
+                  process.pid, process.exitcode, delay)
+        self.state, self.restarts = "restarting", self.restarts + 1
+        loop.call_later(delay, self._restart)
+        self._changed()
 
-    def _restart(self, slot: _Gateway) -> None:
+    def _restart(self) -> None:
         if not self._stopping:
-            self._spawn(slot)
+            self._spawn()
+
+    def leave(self) -> None:
+        """/readyz 503 everywhere while the gateways still serve (a core that comes up
+        later is told at once)."""
+        self._leaving = True
+        if self.process is not None and self._up.is_set():
+            _signal(self.process, LEAVE_SIGNAL)
 
     async def stop(self) -> None:
-        """Ask every gateway to stop (uvicorn finishes what it holds), wait, kill stragglers.
-
-        No gateway starts again, so this process's copy of the listening socket closes
-        first: once the gateways close theirs the port refuses new connections, where it
-        would have queued them for nobody and reset them all when this process exits."""
+        """Drain the core (the gateways have stopped): it finishes what it holds and exits.
+        One not up yet holds nothing: it is ended at once."""
         self._stopping = True
-        self._sock.close()
-        for slot in self._slots:
-            if slot.state is not GatewayState.RUNNING:  # not started, or in its backoff
-                slot.state = GatewayState.STOPPED
-            elif slot.process is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.process.pid or 0, STOP_SIGNAL)
-        if all(g.state is GatewayState.STOPPED for g in self._slots):
-            self._all_stopped.set()
-        with anyio.move_on_after(STOP_GRACE_S):
-            await self._all_stopped.wait()  # each exit is seen through its sentinel
-        for slot in self._slots:
-            if slot.process is not None and slot.process.is_alive():
-                slot.process.kill()
-                slot.process.join(timeout=5)
-            slot.state = GatewayState.STOPPED
-        if self._tally is not None:
-            self._tally.close()
-            self._tally = None
+        process = self.process
+        if process is None or self._gone.is_set():
+            return
+        _signal(process, DRAIN_SIGNAL if self._up.is_set() else signal.SIGKILL)
+        with anyio.move_on_after(CORE_DRAIN_GRACE_S):
+            await self._gone.wait()
+        if process.is_alive():
+            log.error("the core did not drain within %.0f s; killing it", CORE_DRAIN_GRACE_S)
+            process.kill()
+            await self._gone.wait()
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket every gateway shares."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    sock.set_inheritable(True)
-    return sock
+def _signal(process: BaseProcess, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid or 0, sig)
 
 
-def multiprocess_metrics(folder: Path) -> None:
-    """Every process of the cell writes its metrics into `folder` (inherited by spawned
-    children through the environment; this process switches its value class now)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
-    from prometheus_client import values
-
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+def become_subreaper() -> None:
+    """Descendants whose parent dies (a dead core's workers) become this process's children,
+    so that `end_orphans` can end them (Linux; elsewhere nothing)."""
+    name = ctypes.util.find_library("c")
+    if name is not None:
+        ctypes.CDLL(name, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-RETIRED = "retired"  # stands for every dead process's pid in a metric file's name
-
-
-def retire_metrics(pid: int, folder: Path) -> None:
-    """Fold a dead process's metric files into the folder's retired totals.
-
-    prometheus-client's `mark_process_dead` removes only the files of a dead process's live
-    gauges: its counters' and histograms' files must keep counting in every scrape, so each
-    restart would leave its files behind for good. Their values are added into one
-    `<kind>_retired.db` per kind, which a scrape sums like any process's file. This runs on
-    the core's loop, where the scrape runs too: none sees a value twice or misses one.
-    """
-    mark_process_dead(pid, str(folder))  # type: ignore[no-untyped-call]
-    for kind in ("counter", "histogram", "summary"):
-        dead = folder / f"{kind}_{pid}.db"
-        if not dead.exists():
+def end_orphans() -> list[int]:
+    """End and reap every child of this process it did not start: what a dead core left (a
+    worker stuck in a batch would otherwise hold its GPU for good). Called once the core is
+    reaped, when the kernel has handed its orphans here. The pids ended."""
+    own = {p.pid for p in multiprocessing.active_children()}
+    own.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    me, ended = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid in own or _parent(entry) != me:
             continue
-        retired = MmapedDict(str(folder / f"{kind}_{RETIRED}.db"))  # type: ignore[no-untyped-call]
-        try:
-            values = MmapedDict.read_all_values_from_file(str(dead))  # type: ignore[no-untyped-call]
-            for key, value, timestamp, _ in values:
-                total, _ = retired.read_value(key)  # type: ignore[no-untyped-call]
-                retired.write_value(key, total + value, timestamp)  # type: ignore[no-untyped-call]
-        finally:
-            retired.close()  # type: ignore[no-untyped-call]
-        dead.unlink()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        ended.append(pid)
+    if ended:
+        log.warning("ended %d processes the dead core left: %s", len(ended), ended)
+    return ended
 
 
-SCRATCH_PREFIX = "batchgate-cell-"
-
-
-def sweep_scratch(root: Path) -> list[Path]:
-    """Remove what cores killed outright left in `root`; returns the folders removed.
-
-    A cell's scratch folder (its link socket, every process's metric files) is named for its
-    core's pid. A core killed by SIGKILL or the OOM killer never reaches its own clean-up, and
-    a server restarted after each crash would leave one folder per crash. A folder goes once
-    its core's pid is gone and nothing listens on its link (the second check spares a live
-    cell whose /tmp is shared across pid namespaces).
-    """
-    removed: list[Path] = []
-    for folder in root.glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = folder.name.removeprefix(SCRATCH_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)) and not _listening(folder / "link.sock"):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
-def _alive(pid: int) -> bool:
+def _parent(proc: Path) -> int:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parens
 
 
-def _listening(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-    return True
+def _write_status(path: Path, status: dict[str, Any]) -> None:
+    """Atomically: the core reads it at any time."""
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(status))
+    part.replace(path)
 
 
-__all__ = ["SCRATCH_PREFIX", "GatewayState", "Gateways", "bind", "multiprocess_metrics",
-           "retire_metrics", "sweep_scratch"]
+async def _supervise(settings: Settings, gpus: int, sock: socket.socket, scratch: Path) -> int:
+    become_subreaper()
+    link, status = str(scratch / "link.sock"), scratch / "cell.json"
+    parts: list[Any] = []
+
+    def changed() -> None:
+        if len(parts) == 2:
+            _write_status(status, {"core": parts[0].info(), "gateways": parts[1].info()})
+
+    core = CoreProcess(settings, gpus, link, status, changed)
+    gateways = Gateways(settings, link, sock, changed=changed)
+    parts += [core, gateways]
+    stop, hurry = asyncio.Event(), asyncio.Event()  # the first signal, and a second one
+
+    def signalled() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signalled)
+    loop.add_signal_handler(signal.SIGHUP, gateways.reload_keys)
+    try:
+        if not await core.start():
+            log.critical("the core process exited before it was ready")
+            return 1
+        gateways.start()
+        log.info("serving on %s:%d with %d gateways", settings.host, settings.port,
+                 settings.gateways)
+        await stop.wait()
+        core.leave()
+        log.info("leaving: serving %.1fs more before draining", settings.drain_delay_s)
+        with anyio.move_on_after(settings.drain_delay_s):
+            await hurry.wait()
+        log.info("draining")
+        await gateways.stop()
+        await core.stop()
+    finally:
+        sock.close()
+    log.info("stopped")
+    return 0
+
+
+__all__ = ["CoreProcess", "end_orphans", "serve_cell"]

@@ -125,7 +125,7 @@ BY_CODE: dict[str, type[BatchgateError]] = {
     **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
     **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down",
-                     "core_unavailable"), NoHealthyWorker),
+                     "core_unavailable", "state_unavailable"), NoHealthyWorker),
 }
 RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 

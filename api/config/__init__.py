@@ -26,7 +26,15 @@ from api.config.keys import (
     hash_key,
     load_keys,
 )
-from api.config.settings import Settings, doc, parse_bool, parse_gateways
+from api.config.settings import (
+    STATE_FORMS,
+    Settings,
+    StateSpec,
+    doc,
+    parse_bool,
+    parse_gateways,
+    parse_state,
+)
 from api.config.tiers import DEFAULT_TIERS, TierPolicy, tiers_from
 
 __all__ = [
@@ -36,11 +44,13 @@ __all__ = [
     "ENV_PREFIX",
     "HASHED",
     "MASK",
+    "STATE_FORMS",
     "KeyRing",
     "Knob",
     "Parser",
     "Principal",
     "Settings",
+    "StateSpec",
     "TierPolicy",
     "add_settings_flags",
     "describe",
@@ -52,6 +62,7 @@ __all__ = [
     "markdown_table",
     "parse_bool",
     "parse_gateways",
+    "parse_state",
     "settings_from",
     "tiers_from",
 ]

@@ -17,7 +17,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 from batcher import MAX_BATCH
 
@@ -40,6 +41,43 @@ def parse_gateways(text: str) -> int:
     if text.strip().lower() == "auto":
         return max(1, (os.cpu_count() or 1) - 1)
     return int(text)
+
+
+class StateSpec(NamedTuple):
+    """`--state`: `memory`, `sqlite` (`path`), or `redis` (`host`, `port`, `db`)."""
+
+    kind: str
+    path: Path | None = None
+    host: str = ""
+    port: int = 0
+    db: int = 0
+
+
+STATE_FORMS = "memory, sqlite:PATH or redis://HOST:PORT/DB"
+
+
+def parse_state(text: str) -> StateSpec:
+    """The one reading of `--state`; ValueError naming the forms it takes."""
+    if text == "memory":
+        return StateSpec("memory")
+    if text.startswith("sqlite:"):
+        path = Path(text.removeprefix("sqlite:")).expanduser()
+        if not str(path) or str(path) == "." or text.endswith("/"):
+            raise ValueError(f"state sqlite:PATH needs a file's path, got {text!r}")
+        if not path.parent.is_dir():
+            raise ValueError(f"state {text!r}: the folder {path.parent} does not exist")
+        return StateSpec("sqlite", path=path)
+    if text.startswith("redis://"):
+        url = urlsplit(text)
+        try:
+            port, db = url.port or 6379, int(url.path.strip("/") or 0)
+        except ValueError:
+            port = db = -1
+        if not url.hostname or port < 1 or db < 0 or url.query or url.fragment \
+                or url.username or url.password:
+            raise ValueError(f"state must be redis://HOST:PORT/DB (DB a number), got {text!r}")
+        return StateSpec("redis", host=url.hostname, port=port, db=db)
+    raise ValueError(f"state must be {STATE_FORMS}, got {text!r}")
 
 
 def doc(
@@ -141,9 +179,16 @@ class Settings:
         "memory the kept idempotent answers may take, in bytes"))
     idempotency_account_share: float = field(default=0.25, metadata=doc(
         "share of either bound one account may hold: one account cannot evict the rest"))
+    state: str = field(default="memory", metadata=doc(
+        "where kept answers (and with redis, rate limits) live: memory, sqlite:PATH (they "
+        "outlive the core and the server), or redis://HOST:PORT/DB (shared by cells)"))
     access_log: str = field(default="off", metadata=doc(
         "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
+
+    def state_spec(self) -> StateSpec:
+        """`--state` parsed: where kept answers live."""
+        return parse_state(self.state)
 
     def __post_init__(self) -> None:
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
@@ -187,6 +232,7 @@ class Settings:
         _check(self.idempotency_max_bytes >= 1, "idempotency-max-bytes must be >= 1")
         _check(0 < self.idempotency_account_share <= 1,
                "idempotency-account-share must be in (0, 1]")
+        parse_state(self.state)  # ValueError with a readable message
         _check(self.access_log in ACCESS_LOG_FORMATS,
                f"access-log must be off or json, got {self.access_log!r}")
         _check(self.log_level in LOG_LEVELS,
@@ -199,4 +245,5 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-__all__ = ["Settings", "doc", "parse_bool", "parse_gateways"]
+__all__ = ["STATE_FORMS", "Settings", "StateSpec", "doc", "parse_bool", "parse_gateways",
+           "parse_state"]

@@ -1,6 +1,7 @@
 """The core's side of the front door: the door (rate limits, admission, the wait, answers),
 the keyed path, the service that builds and runs the dispatch core, the status views, the
-direct way's local route, and the single process's composition root.
+direct way's local route, the rate limits shared by cells (Redis), and the single process's
+composition root.
 
 It loads the dispatch core (`failover`, `gpu_pool`); a gateway never imports it.
 """
@@ -17,7 +18,7 @@ from api.door.app import (
 from api.door.door import Core, Door
 from api.door.keyed import KeyedPath, is_kept
 from api.door.limits import RateLimiter, TokenBucket, pressure_factor
-from api.door.local import LocalCore, LocalRoute
+from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
 from api.door.service import (
     Service,
     build_pool,
@@ -26,6 +27,7 @@ from api.door.service import (
     hang_settings,
     latency_floor,
 )
+from api.door.shared_limits import SharedLimits, shared_limits
 from api.door.status import Running, StatusView
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "RateLimiter",
     "Running",
     "Service",
+    "SharedLimits",
+    "SharedLocalRoute",
     "StatusView",
     "TokenBucket",
     "build",
@@ -52,5 +56,6 @@ __all__ = [
     "is_kept",
     "latency_floor",
     "pressure_factor",
+    "shared_limits",
     "supervised",
 ]

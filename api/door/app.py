@@ -18,14 +18,17 @@ from starlette.types import ASGIApp
 from api.config import KeyRing, Settings, load_keys
 from api.door.door import Door
 from api.door.limits import RateLimiter
-from api.door.local import LocalCore, LocalRoute
+from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
 from api.door.service import Service
+from api.door.shared_limits import shared_limits
 from api.door.status import StatusView
 from api.http import DirectRoute, Routes, http_app, on_sighup, settle_and_time
 from api.metrics import Metrics
 from gpu_pool import Pool
 
 log = logging.getLogger("batchgate.app")
+
+CLOSE_TIMEOUT_S = 1.0  # the shared limits' connections, closed on the way out
 
 
 class CoreParts(NamedTuple):
@@ -36,13 +39,15 @@ class CoreParts(NamedTuple):
 
 def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, gpus: int = 0,
                pool: Pool | None = None,
-               gateways: Callable[[], list[dict[str, Any]]] | None = None) -> CoreParts:
+               cell: Callable[[], dict[str, Any]] | None = None) -> CoreParts:
     """The running core and what serves it: the one place its parts are wired."""
     service = Service(settings, metrics, keys.tiers, gpus=gpus, pool=pool)
     metrics.watch(service.snapshot)
-    door = Door(service.core, service.clock, RateLimiter(keys.tiers), service.idempotency,
-                service.pressure, metrics)
-    status = StatusView(service, service.pool.ready_count, metrics, gateways)
+    limiter = RateLimiter(keys.tiers)  # with shared limits: what decides while Redis is out
+    shared = shared_limits(settings.state, keys.tiers, limiter, metrics, service.clock.now)
+    door = Door(service.core, service.clock, limiter, service.idempotency, service.pressure,
+                metrics, shared)
+    status = StatusView(service, service.pool.ready_count, metrics, cell)
     return CoreParts(service, door, status)
 
 
@@ -64,6 +69,8 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
     keys = keys or load_keys(settings.keys, settings.admin_key)
     service, door, status = build_door(settings, keys, metrics, gpus, pool)
     routes = Routes(LocalCore(door, status), settings, keys, metrics)
+    # Shared limits: the direct way's checks wait for Redis in a task of the lifespan's.
+    direct = LocalRoute(routes, door) if door.shared is None else SharedLocalRoute(routes, door)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -72,6 +79,8 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(supervised, service.run, os._exit)
+                if isinstance(direct, SharedLocalRoute):
+                    await tg.start(direct.serve)
                 unwatch = settle_and_time(metrics)
                 yield
                 log.info("draining")
@@ -81,10 +90,11 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
             reloading()
             if unwatch is not None:
                 unwatch()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
+                await door.aclose()
         log.info("stopped")
 
-    app, direct = http_app(routes, lifespan), LocalRoute(routes, door)
-    return Built(app, service, direct)
+    return Built(http_app(routes, lifespan), service, direct)
 
 
 EXIT_CORE_FAILED = 70  # EX_SOFTWARE: the dispatch core stopped on an error

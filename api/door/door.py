@@ -5,6 +5,10 @@ dispatch core runs: in a single process the routes call `Door.run` (the direct w
 `api.door.local`, calls `submit_all` and `conclude`); in a cell (`--gateways K`) each gateway
 sends its jobs over the link and the core process runs them here (`api.cell.link`). A
 gateway does only what needs no shared state: HTTP, JSON, keys, validation.
+
+With rate limits shared between cells (`shared`, `--state redis://`) a check is a round
+trip, so no job takes the synchronous `submit_all`: keyless jobs take `submit_shared`, which
+checks a frame's jobs in one call and then admits them as `submit_all` would.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Protocol, cast
 
 from api.door.keyed import KeptRequest, KeyedPath
 from api.door.limits import RateLimiter, pressure_factor
+from api.door.shared_limits import Check, SharedLimits
 from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
     Answered,
@@ -48,8 +53,10 @@ class Door:
     def __init__(
         self, core: Core, clock: Clock, limiter: RateLimiter, store: IdempotencyStore,
         pressure: Callable[[Tier], float], metrics: Metrics,
+        shared: SharedLimits | None = None,
     ) -> None:
         self.core, self.clock, self.limiter = core, clock, limiter
+        self.shared = shared  # if set, it decides every rate check (`limiter` its fallback)
         self.pressure = pressure  # a tier's expected wait over its budget
         self.metrics = metrics
         self._ids = itertools.count(1)
@@ -61,8 +68,12 @@ class Door:
     ) -> Outcome:
         """Decide and wait. `client` hears the client hang up (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
-        try:
-            self._check_rate(job)  # replays and joins count against the rate too
+        try:  # replays and joins count against the rate too
+            if self.shared is None:
+                self._check_rate(job)
+            else:
+                await self.shared.check(job.principal,
+                                        pressure_factor(self.pressure(job.principal.tier)))
             if job.idempotency is None:
                 return await self.serve(job, client, register)
             return await self._keyed.run(job, client, register)
@@ -119,6 +130,50 @@ class Door:
             if refusal is not None:
                 out[at] = self.refusal(refusal, jobs[at].principal.tier)
         return out
+
+    async def submit_shared(
+        self, jobs: Sequence[Job], collations: Sequence[Collation]
+    ) -> list[list[Item] | Rendered]:
+        """`submit_all` with the shared rate limits: the jobs' checks in one round trip,
+        then those that passed are admitted. A job's deadline stays where it was: the
+        time the check took comes off its timeout."""
+        shared = self.shared
+        assert shared is not None, "submit_shared needs shared limits"
+        started = self.clock.now()
+        try:
+            factors = {tier: pressure_factor(self.pressure(tier)) for tier in Tier}
+            checks: list[Check] = [(job.principal, factors[job.principal.tier])
+                                   for job in jobs]
+            refusals: Sequence[BaseException | None] = await shared.check_all(checks)
+        except Exception as exc:  # answered, never lost: to_api_error logs what it is
+            refusals = [exc] * len(jobs)
+        now = self.clock.now()
+        late = now - started
+        out: list[list[Item] | Rendered] = []
+        admitting: list[tuple[list[Item], float]] = []
+        where: list[int] = []
+        for at, (job, refusal) in enumerate(zip(jobs, refusals, strict=True)):
+            tier, timeout = job.principal.tier, job.timeout - late
+            if refusal is None and timeout <= 0:
+                refusal = DeadlineExceeded("the request's deadline passed before it was "
+                                           "admitted")
+            if refusal is not None:
+                out.append(self.refusal(refusal, tier))
+                continue
+            items = self.new_items(job.texts, tier, now, timeout, collations[at],
+                                   job.principal.account)
+            where.append(at)
+            out.append(items)
+            admitting.append((items, timeout))
+        for at, admitted in zip(where, self.core.admit_all(admitting, now), strict=True):
+            if admitted is not None:
+                out[at] = self.refusal(admitted, jobs[at].principal.tier)
+        return out
+
+    async def aclose(self) -> None:
+        """Let go of the shared limits' connections (the server is draining)."""
+        if self.shared is not None:
+            await self.shared.aclose()
 
     def conclude(self, job: Job, items: list[Item], collation: Collation,
                  now: float) -> Outcome:

@@ -22,6 +22,7 @@ from api.http import Answered, ClientWatch, Job, PendingRequest, Rendered, answe
 from api.metrics import Metrics
 from batcher import Clock, DeadlineExceeded, Item, Tier
 from failover import Entry, IdempotencyStore, Join, Replay, StoredResponse
+from failover.state import LEASE_MARGIN_S, BackedStore, StateUnavailable, Stored
 
 LINGER_S = 300.0
 """The longest a key stays in flight for a batch its leader left running: every way a batch
@@ -91,10 +92,28 @@ class KeptRequest(PendingRequest):
         return True
 
 
+class _Lease:
+    """A key this process claimed in the durable layer: what `store` and `release` need."""
+
+    __slots__ = ("fingerprint", "kept", "key", "scope", "tier", "token")
+
+    def __init__(self, scope: str, key: str, fingerprint: bytes, token: str, tier: Tier
+                 ) -> None:
+        self.scope, self.key, self.fingerprint, self.token = scope, key, fingerprint, token
+        self.tier = tier
+        self.kept = False  # an answer is stored under the key (the claim is gone)
+
+
 class KeyedPath:
+    """Given a `BackedStore` (`--state sqlite:` or `redis://`), a request that leads in
+    this process also claims the key in the durable layer, and what is kept goes there
+    first; with the memory store alone (the default), it never awaits the store."""
+
     def __init__(self, store: IdempotencyStore, clock: Clock, metrics: Metrics, serve: Serve,
                  refuse: Refuse) -> None:
-        self._store, self._clock, self._metrics = store, clock, metrics
+        self._backed = store if isinstance(store, BackedStore) else None
+        self._store = store.memory if isinstance(store, BackedStore) else store
+        self._clock, self._metrics = clock, metrics
         self._serve, self._refuse = serve, refuse
 
     async def run(self, job: Job, client: ClientWatch | None,
@@ -117,40 +136,102 @@ class KeyedPath:
                 self._metrics.replays.inc()
                 return _replayed(stored)
             raise DeadlineExceeded("the original request is still running")
-        entry = begin.entry
-        pending = KeptRequest(len(job.texts), lambda kept: self._landed(entry, job, kept))
+        return await self._lead(begin.entry, job, client, register)
+
+    async def _lead(self, entry: Entry, job: Job, client: ClientWatch | None,
+                    register: Callable[[PendingRequest], None] | None) -> Rendered:
+        store, tier = self._store, job.principal.tier
+        lease: _Lease | None = None
+        pending: KeptRequest | None = None
         try:
+            if self._backed is not None:
+                try:
+                    lease, job, kept = await self._claim(self._backed, job)
+                except Exception as exc:  # refused: its joiners get the same answer
+                    response = self._refused(exc, tier)
+                    store.complete(entry, _stored(response), self._clock.now(), keep=False)
+                    return response
+                if kept is not None:  # answered before: by an earlier process, or a cell
+                    store.complete(entry, kept, self._clock.now(), keep=True)
+                    self._metrics.replays.inc()
+                    return _replayed(kept)
+            pending = KeptRequest(len(job.texts),
+                                  lambda ran: self._landed(entry, job, ran, lease))
             try:
                 answered = await self._serve(job, client, register, pending)
-                self._metrics.queue_waited(principal.tier.label, answered.waits)
+                self._metrics.queue_waited(tier.label, answered.waits)
                 response = Rendered(200, answer_body(answered.outputs, job.single))
             except ClientClosed as exc:  # no answer of its own: its joiners retry, or
                 # wait for what its inputs bring if they run on
-                self._linger(entry, pending)
-                return self._refuse(exc, principal.tier)
+                self._linger(entry, pending, lease)
+                return self._refuse(exc, tier)
             except Exception as exc:
-                response = self._refuse(exc, principal.tier)
-                if self._linger(entry, pending):
+                response = self._refuse(exc, tier)
+                if self._linger(entry, pending, lease):
                     return response  # what ran is kept when it lands; joiners wait for it
             # Its joiners get this answer whatever it is (refused, timed out included);
             # only what running it decided is kept for replays.
-            store.complete(entry, StoredResponse(response.status, response.body,
-                                                 response.headers),
-                           self._clock.now(), keep=is_kept(response.status))
+            keep = is_kept(response.status)
+            if keep and lease is not None:
+                response, keep = await self._keep(lease, response)
+            store.complete(entry, _stored(response), self._clock.now(), keep=keep)
             return response
         finally:
-            if not pending.running_on:
+            if pending is None or not pending.running_on:
                 store.abandon(entry, self._clock.now())  # a no-op once completed
+                if lease is not None and not lease.kept:
+                    self._release_soon(lease)
 
-    def _linger(self, entry: Entry, pending: KeptRequest) -> bool:
+    async def _claim(self, backed: BackedStore, job: Job
+                     ) -> tuple[_Lease | None, Job, StoredResponse | None]:
+        """The durable layer's word on a key this process leads: run it (a lease, and
+        the job with the time its wait took off), or replay what is kept."""
+        assert job.idempotency is not None
+        key, digest = job.idempotency
+        scope, started = job.principal.account, self._clock.now()
+        got = await backed.claim(scope, key, digest, job.timeout)
+        if isinstance(got, Stored):
+            return None, job, got.response
+        waited = self._clock.now() - started
+        if waited > 0:
+            job = job._replace(timeout=job.timeout - waited)
+        return _Lease(scope, key, digest, got.token, job.principal.tier), job, None
+
+    async def _keep(self, lease: _Lease, response: Rendered) -> tuple[Rendered, bool]:
+        """Store the leader's answer; (what its client gets, whether it is kept). The
+        first stored wins: another's answer is replayed. An answer the store cannot keep
+        is not given out (a retry could not replay it): 503, not kept."""
+        assert self._backed is not None
+        try:
+            winner = await self._backed.keep(lease.scope, lease.key, lease.fingerprint,
+                                             _stored(response))
+        except Exception as exc:
+            return self._refused(exc, lease.tier), False
+        lease.kept = True
+        if winner.body == response.body:
+            return response, True
+        self._metrics.replays.inc()
+        return _replayed(winner), True
+
+    def _refused(self, exc: BaseException, tier: Tier) -> Rendered:
+        if isinstance(exc, StateUnavailable):
+            self._metrics.state_errors.labels("kept").inc()
+        return self._refuse(exc, tier)
+
+    def _linger(self, entry: Entry, pending: KeptRequest, lease: _Lease | None) -> bool:
         """Whether the key stays in flight for the batch its leader left running; if so,
-        it is given up after `LINGER_S` at the latest."""
+        it is given up after `LINGER_S` at the latest (and its claim held as long)."""
         if pending.running_on and _open(entry):
             pending.backstop = asyncio.get_running_loop().call_later(
-                LINGER_S, self._give_up, entry)
+                LINGER_S, self._give_up, entry, lease)
+            if lease is not None:
+                self._soon(lambda: self._durably(
+                    self._backed_store().durable.extend(lease.scope, lease.key, lease.token,
+                                                        LINGER_S + LEASE_MARGIN_S)))
         return pending.running_on
 
-    def _landed(self, entry: Entry, job: Job, pending: KeptRequest) -> None:
+    def _landed(self, entry: Entry, job: Job, pending: KeptRequest, lease: _Lease | None
+                ) -> None:
         """The inputs a leader left running are all back (called by the core's owner as it
         settles them: it must not raise). Their answer is kept, as the leader's own would
         have been; if one failed, nothing is kept and the joiners retry."""
@@ -161,18 +242,64 @@ class KeyedPath:
         now = self._clock.now()
         if pending.failed:
             self._store.abandon(entry, now)
+            if lease is not None:
+                self._release_soon(lease)
             return
-        body = answer_body(pending.outputs, job.single)
-        self._store.complete(entry, StoredResponse(200, body), now, keep=True)
+        response = StoredResponse(200, answer_body(pending.outputs, job.single))
+        if lease is None:
+            self._store.complete(entry, response, now, keep=True)
+        elif not self._soon(lambda: self._keep_landed(entry, lease, response)):
+            self._store.abandon(entry, now)  # the store is closing: nothing is kept
 
-    def _give_up(self, entry: Entry) -> None:
+    async def _keep_landed(self, entry: Entry, lease: _Lease, response: StoredResponse
+                           ) -> None:
+        try:
+            winner = await self._backed_store().keep(lease.scope, lease.key,
+                                                     lease.fingerprint, response)
+        except Exception as exc:
+            if isinstance(exc, StateUnavailable):
+                self._metrics.state_errors.labels("kept").inc()
+            if _open(entry):
+                self._store.abandon(entry, self._clock.now())
+            return
+        lease.kept = True
+        if _open(entry):
+            self._store.complete(entry, winner, self._clock.now(), keep=True)
+
+    def _give_up(self, entry: Entry, lease: _Lease | None) -> None:
         if _open(entry):
             self._store.abandon(entry, self._clock.now())
+            if lease is not None:
+                self._release_soon(lease)
+
+    def _release_soon(self, lease: _Lease) -> None:
+        """Let the next request run the key at once, not after the claim's lease."""
+        self._soon(lambda: self._durably(self._backed_store().durable.release(
+            lease.scope, lease.key, lease.token)))
+
+    def _soon(self, work: Callable[[], Awaitable[None]]) -> bool:
+        return self._backed_store().soon(work)
+
+    async def _durably(self, call: Awaitable[None]) -> None:
+        """A write nobody waits for; a store that is down only counts (the claim's
+        lease ends it)."""
+        try:
+            await call
+        except StateUnavailable:
+            self._metrics.state_errors.labels("kept").inc()
+
+    def _backed_store(self) -> BackedStore:
+        assert self._backed is not None
+        return self._backed
 
 
 def _open(entry: Entry) -> bool:
     """Still in flight: neither completed nor abandoned."""
     return entry.response is None and not entry.gone
+
+
+def _stored(response: Rendered) -> StoredResponse:
+    return StoredResponse(response.status, response.body, response.headers)
 
 
 def _replayed(stored: StoredResponse) -> Rendered:

@@ -1,9 +1,17 @@
 """The running core: the dispatch core, its owner, the pool and the idempotency store, built
-from the settings; run in one task group, and drained on the way out."""
+from the settings; run in one task group, and drained on the way out.
+
+The idempotency store is the memory store alone (`--state memory`), or the memory store in
+front of a durable layer (`sqlite:PATH`, `redis://`) whose claims name this core: its cell
+(`BATCHGATE_CELL_ID`, the same for every core a cell's supervisor starts; a random one per
+process by default) and its incarnation (`BATCHGATE_CORE_INCARNATION`, one more at each
+restart; 0 by default)."""
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 
 import anyio
 from anyio.abc import TaskStatus
@@ -21,7 +29,16 @@ from failover import (
     MemoryIdempotencyStore,
     build_core,
 )
+from failover.state import (
+    BackedStore,
+    KeptState,
+    Owner,
+    RedisSettings,
+    SqliteSettings,
+    open_state,
+)
 from gpu_pool import (
+    CellIdentity,
     Pool,
     PoolSettings,
     RayPoolSettings,
@@ -82,16 +99,21 @@ class Service:
         core = build_core(core_settings(settings, tiers))
         self.core = CoreOwner(core, self.pool, self.clock, observer=observer)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
-        self.idempotency: IdempotencyStore = MemoryIdempotencyStore(
+        memory = MemoryIdempotencyStore(
             ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries,
             max_bytes=settings.idempotency_max_bytes,
             account_share=settings.idempotency_account_share,
         )
+        durable = build_state(settings)
+        self.kept = None if durable is None else BackedStore(memory, durable, self.clock)
+        self.idempotency: IdempotencyStore = memory if self.kept is None else self.kept
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the pool and the core's owner; report started once the workers are ready
         (or fail loudly)."""
         async with anyio.create_task_group() as tg:
+            if self.kept is not None:  # first: a locked state file stops the start
+                await tg.start(self.kept.run)
             await tg.start(self.pool.run, self.core)
             await tg.start(self.core.run)
             ready = await self.pool.wait_ready(self.settings.workers,
@@ -111,6 +133,8 @@ class Service:
         with anyio.move_on_after(max(30.0, 2 * kill_after)):
             await self.core.wait_finished()
         self.core.abandon()
+        if self.kept is not None:  # what landed last is stored, then the store closed
+            await self.kept.drain()
 
     def pressure(self, tier: Tier) -> float:
         """Expected completion over the tier's budget: rate limits tighten as it nears 1."""
@@ -152,6 +176,31 @@ class Service:
         )
 
 
+def state_owner(environ: Mapping[str, str] = os.environ) -> Owner:
+    """Who this core is to the durable layer, from the variables its supervisor sets.
+    ValueError with a readable message."""
+    identity = CellIdentity.from_env(environ)
+    if identity is None:  # a process of its own: a cell of one core
+        return Owner(os.urandom(6).hex(), 0)
+    return Owner(identity.cell, identity.incarnation)
+
+
+def build_state(settings: Settings, environ: Mapping[str, str] = os.environ
+                ) -> KeptState | None:
+    """The durable layer `--state` names (None for memory); connects to nothing yet."""
+    spec = settings.state_spec()
+    if spec.kind == "sqlite":
+        assert spec.path is not None
+        return open_state(SqliteSettings(
+            spec.path, ttl=settings.idempotency_ttl_s,
+            max_entries=settings.idempotency_max_entries,
+            max_bytes=settings.idempotency_max_bytes))
+    if spec.kind == "redis":
+        return open_state(RedisSettings(spec.host, spec.port, spec.db, state_owner(environ),
+                                        ttl=settings.idempotency_ttl_s))
+    return None
+
+
 def build_pool(settings: Settings, gpus: int) -> Pool:
     """The process pool, or with `--pool ray` the Ray pool (its module imports Ray, so only
     then)."""
@@ -169,8 +218,10 @@ def build_pool(settings: Settings, gpus: int) -> Pool:
     from gpu_pool.ray_pool import RayPool
 
     resources = parse_resources(settings.ray_worker_resources)
-    return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources))
+    cell = CellIdentity.from_env(os.environ)  # None outside a cell: actors die with the process
+    return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources,
+                                   cell=cell))
 
 
-__all__ = ["Service", "build_pool", "check_core_settings", "core_settings", "hang_settings",
-           "latency_floor"]
+__all__ = ["Service", "build_pool", "build_state", "check_core_settings", "core_settings",
+           "hang_settings", "latency_floor", "state_owner"]

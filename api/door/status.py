@@ -1,5 +1,5 @@
 """What the status endpoints show of the core process: readiness, the workers, the metrics,
-and the gateways in front of it (none in a single process)."""
+and in a cell the processes around it (none in a single process)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ class Running(Protocol):
 
 class StatusView:
     def __init__(self, service: Running, ready_count: Callable[[], int], metrics: Metrics,
-                 gateways: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 cell: Callable[[], dict[str, Any]] | None = None) -> None:
         self._service, self._ready_count = service, ready_count
-        self._metrics, self._gateways = metrics, gateways
+        self._metrics, self._cell = metrics, cell
 
     async def ready(self) -> dict[str, object]:
         service = self._service
@@ -43,8 +43,11 @@ class StatusView:
     async def metrics_text(self) -> bytes:
         return self._metrics.render()
 
-    async def gateways(self) -> list[dict[str, Any]]:
-        return self._gateways() if self._gateways is not None else []
+    async def cell(self) -> dict[str, Any]:
+        """The gateway processes and the core process as the cell's supervisor last said:
+        `{"gateways": [...], "core": {...}}`; none of either in a single process."""
+        cell = self._cell() if self._cell is not None else {}
+        return {"gateways": list(cell.get("gateways", [])), "core": cell.get("core")}
 
 
 __all__ = ["Running", "StatusView"]

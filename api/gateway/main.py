@@ -1,10 +1,11 @@
 """One gateway process of a cell: uvicorn on the shared socket, jobs sent to the core.
 
-Spawned by the cell (`api.cell`). It parses HTTP and JSON, authenticates and validates, and
-sends each job over its link (`api.gateway.remote`); the hot route's plain requests take the
-direct way, as in a single process. It holds no shared state and loads none of the core's
-packages. When the link closes the core is gone, and the gateway exits at once: a gateway
-without its core can only refuse.
+Spawned by the cell's supervisor (`api.cell`). It parses HTTP and JSON, authenticates and
+validates, and sends each job over its link (`api.gateway.remote`); the hot route's plain
+requests take the direct way, as in a single process. It holds no shared state and loads none
+of the core's packages. When the link closes the core process died: the gateway keeps its
+clients and their jobs, says it is not ready, and sends the jobs again to the core the
+supervisor starts in its place. It ends with its supervisor (`die_with_parent`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from api.config import Settings, load_keys
+from api.gateway.lifeline import die_with_supervisor, name_process
 from api.gateway.remote import RemoteCore, RemoteRoute
 from api.http import (
     CellConnections,
@@ -38,6 +40,8 @@ log = logging.getLogger("batchgate.gateway")
 
 def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) -> None:
     """Entry point of a gateway process."""
+    die_with_supervisor()
+    name_process(f"batchgate-gw-{slot}")
     logging.basicConfig(
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
@@ -49,14 +53,12 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the lifespan reloads keys on it
     metrics = Metrics()
     keys = load_keys(settings.keys, settings.admin_key)
-    server: uvicorn.Server | None = None
 
     def core_lost() -> None:
-        log.error("the link to the core closed; exiting")
-        if server is not None:
-            server.should_exit = server.force_exit = True
+        log.error("the link to the core closed; holding %d jobs for the next core",
+                  len(core.jobs))
 
-    core = RemoteCore(link, core_lost)
+    core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc)
     routes = Routes(core, settings, keys, metrics, gateway=slot)
 
     @asynccontextmanager
@@ -64,10 +66,14 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
         reloading = on_sighup(routes.reload_keys)  # the core process forwards its SIGHUP
         unwatch: Callable[[], None] | None = None
         try:
-            await core.connect()
+            try:
+                await core.connect()
+            except OSError:  # started while the cell restarts its core
+                core.connect_later()
             unwatch = settle_and_time(metrics)
             yield
         finally:
+            core.close()
             reloading()
             if unwatch is not None:
                 unwatch()
@@ -86,11 +92,11 @@ def connections_file(link: str) -> Path:
     return Path(link).with_name("connections")
 
 
-STOP_SIGNAL = signal.SIGUSR1  # from the core: finish what this gateway holds, then exit
+STOP_SIGNAL = signal.SIGUSR1  # from the supervisor: finish what this gateway holds, then exit
 
 
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, stopped by the core alone. SIGTERM and SIGINT reach a gateway with
+    """uvicorn's server, stopped by the supervisor alone. SIGTERM and SIGINT reach a gateway with
     its whole process group while the core still serves the gateway's clients: a gateway
     that stopped at once would be restarted during the drain, and the connections queued on
     the shared socket reset when the core closes it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -36,12 +37,18 @@ from api.http import (
     rendered,
 )
 
+log = logging.getLogger("batchgate.gateway")
+
 CALL_TIMEOUT_S = 10.0
 """How long a gateway waits for the core to answer a call (`/admin/workers`, `/metrics`): a
 core whose loop is stuck gets a 503, not a hang."""
 READY_TIMEOUT_S = 1.0
 """How long `/readyz` waits for the core: it answers a ready call within a loop turn, so a
 core silent this long is stalled (stopped, stuck in a turn) and the gateway is not ready."""
+RECONNECT_FIRST_S = 0.02
+RECONNECT_MAX_S = 0.1
+"""How often a gateway whose core died tries to connect to the next one: soon at first
+(the cell restarts a core at once), then no faster than this."""
 BACKSTOP_MARGIN_S = 1.0
 """How long past a job's own timeout a gateway waits for the core's answer (its 504, at the
 latest) before it answers 503 itself."""
@@ -53,25 +60,39 @@ class Receiver(Protocol):
     def answered(self, outcome: Outcome) -> None: ...
 
 
+class _Settles:
+    """The ASGI way's receiver: settles the future its call awaits."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Outcome]) -> None:
+        self.future = future
+
+    def answered(self, outcome: Outcome) -> None:
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+
 class _CoreConnection(Framed):
+    """One connection to one core process; what it carries is its `RemoteCore`'s, which
+    outlives it."""
+
     spacing = GATEWAY_FRAME_SPACING_S
     busy_rate = GATEWAY_BUSY_RATE
 
-    def __init__(self, lost: Callable[[], None]) -> None:
+    def __init__(self, core: RemoteCore) -> None:
         super().__init__()
-        self.receivers: dict[int, Receiver] = {}  # the direct way's jobs, by rid
-        self.waiting: dict[int, asyncio.Future[Any]] = {}  # the rest: awaited answers
-        self._lost = lost
+        self.core = core
 
     def received(self, messages: list[Message]) -> None:
-        receivers, waiting = self.receivers, self.waiting
+        jobs, calls = self.core.jobs, self.core.calls
         for message in messages:
             rid = message[1]
-            receiver = receivers.pop(rid, None)
-            if receiver is not None:
-                receiver.answered(outcome_of(message))
+            job = jobs.pop(rid, None)
+            if job is not None:
+                job[1].answered(outcome_of(message))
                 continue
-            future = waiting.pop(rid, None)
+            future = calls.pop(rid, None)
             if future is None or future.done():
                 continue
             if message[0] == "error":
@@ -81,65 +102,84 @@ class _CoreConnection(Framed):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        receivers, self.receivers = self.receivers, {}
-        for receiver in receivers.values():
-            receiver.answered(unavailable())
-        for future in self.waiting.values():
-            if not future.done():
-                future.set_exception(CoreUnavailable("the core process is gone"))
-        self.waiting.clear()
-        self._lost()
+        self.core.lost(self)
 
 
 class RemoteCore:
-    """The routes' `CoreView` in a gateway: every job goes to the core process."""
+    """The routes' `CoreView` in a gateway: every job goes to the core process.
 
-    def __init__(self, path: str, on_lost: Callable[[], None]) -> None:
+    Every job sent is held here, by its id on the link, until its answer comes or it is
+    withdrawn. When the link closes (the core process died), the held jobs stay: the gateway
+    connects again, `reconnect_s` apart at first and up to `RECONNECT_MAX_S`, to the core
+    the cell starts in its place, and sends them all again with their own deadlines. A job
+    sent meanwhile waits to go with them. The core that died answered none of them (an
+    answer it wrote before dying is read before the close), so none is answered twice; one
+    it had running on a worker runs again (`resubmitted` counts them). Calls (`/readyz`,
+    `/admin/workers`, `/metrics`) are not held: they fail at once, so a gateway without its
+    core says it is not ready. `reconnect=False`: the jobs end 503 with the link instead.
+    """
+
+    def __init__(self, path: str, on_lost: Callable[[], None] | None = None, *,
+                 reconnect: bool = True, resubmitted: Callable[[int], None] | None = None,
+                 ) -> None:
         self._path = path
         self._on_lost = on_lost
+        self._reconnect = reconnect
+        self._resubmitted = resubmitted
         self._conn: _CoreConnection | None = None
         self._ids = itertools.count(1)
+        self.jobs: dict[int, tuple[Message, Receiver]] = {}  # sent or to send, by rid
+        self.calls: dict[int, asyncio.Future[Any]] = {}
+        self._unsent: set[int] = set()  # held when the link closed: sent again once
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._closed = False
 
     async def connect(self) -> None:
         loop = asyncio.get_running_loop()
-        _, self._conn = await loop.create_unix_connection(
-            lambda: _CoreConnection(self._on_lost), self._path
-        )
+        _, self._conn = await loop.create_unix_connection(lambda: _CoreConnection(self),
+                                                          self._path)
+
+    def connect_later(self) -> None:
+        """No core listens yet (this gateway started while the cell restarts its core):
+        connect once one does."""
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.get_running_loop().create_task(self._connect_again())
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and self._conn.transport is not None
 
     def submit(self, job: Job, receiver: Receiver) -> int:
-        """Send `job` without awaiting it: `receiver` takes its answer (or a 503 if the
-        core goes first). Its id on the link, for `withdraw`; CoreUnavailable if the core is
-        gone."""
-        conn = self._conn
-        if conn is None or conn.transport is None:
+        """Send `job` without awaiting it: `receiver` takes its answer. Its id on the link,
+        for `withdraw`; CoreUnavailable if the core is gone for good (`close`)."""
+        if self._closed:
             raise CoreUnavailable("the core process is gone")
         rid = next(self._ids)
-        conn.receivers[rid] = receiver
-        conn.send(run_message(rid, job))
+        message = run_message(rid, job)
+        self.jobs[rid] = (message, receiver)
+        conn = self._conn
+        if conn is not None:
+            conn.send(message)
         return rid
 
     def withdraw(self, rid: int) -> None:
         """The client of a submitted job left, or its backstop passed: the core withdraws
         it and answers nothing."""
-        conn = self._conn
-        if conn is not None and conn.receivers.pop(rid, None) is not None:
-            conn.send(("cancel", rid))
+        if self.jobs.pop(rid, None) is not None and self._conn is not None:
+            self._conn.send(("cancel", rid))
 
     async def run(self, job: Job, client: ClientWatch) -> Outcome:
-        conn = self._conn
-        if conn is None or conn.transport is None:
-            return unavailable()
-        rid = next(self._ids)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
-        conn.waiting[rid] = future
-        conn.send(run_message(rid, job))
+        try:
+            rid = self.submit(job, _Settles(future))
+        except CoreUnavailable:
+            return unavailable()
 
         def end(outcome: Rendered) -> None:
             # The core withdraws the job and answers nothing for it: end the call here.
             if not future.done():
-                conn.waiting.pop(rid, None)
-                conn.send(("cancel", rid))
+                self.withdraw(rid)
                 future.set_result(outcome)
 
         backstop = loop.call_later(job.timeout + BACKSTOP_MARGIN_S, end, unresponsive(),
@@ -147,11 +187,58 @@ class RemoteCore:
         client.watch(lambda: end(client_closed()))
         try:
             return await future
-        except CoreUnavailable:
-            return unavailable()
         finally:
             backstop.cancel()
             client.unwatch()
+
+    def lost(self, conn: _CoreConnection) -> None:
+        """`conn` closed: calls fail; jobs wait for the next core, or end 503 without one."""
+        if conn is not self._conn:
+            return
+        self._conn = None
+        calls, self.calls = self.calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(CoreUnavailable("the core process is gone"))
+        if self._on_lost is not None:
+            self._on_lost()
+        if not self._reconnect or self._closed:
+            self.close()
+            return
+        self._unsent = set(self.jobs)
+        self.connect_later()
+
+    async def _connect_again(self) -> None:
+        delay = RECONNECT_FIRST_S
+        while not self._closed:
+            try:
+                await self.connect()
+            except OSError:  # no core listens yet
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RECONNECT_MAX_S)
+                continue
+            conn = self._conn
+            assert conn is not None
+            again = sum(1 for rid in self._unsent if rid in self.jobs)
+            self._unsent = set()
+            if self.jobs:
+                conn.send_all([message for message, _ in self.jobs.values()])
+            log.info("connected to the core again; sent %d jobs (%d sent before)",
+                     len(self.jobs), again)
+            if again and self._resubmitted is not None:
+                self._resubmitted(again)
+            return
+
+    def close(self) -> None:
+        """No core comes back (the gateway is stopping): every held job ends 503."""
+        self._closed = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
+        jobs, self.jobs = self.jobs, {}
+        for _, receiver in jobs.values():
+            receiver.answered(unavailable())
+        if self._conn is not None and self._conn.transport is not None:
+            self._conn.transport.close()
 
     async def _call(self, name: str, within: float | None = None) -> Any:
         """The core's answer to call `name`, given `within` seconds (`CALL_TIMEOUT_S`)."""
@@ -161,12 +248,12 @@ class RemoteCore:
             raise CoreUnavailable("the core process is gone")
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        conn.waiting[rid] = future
+        self.calls[rid] = future
         conn.send(("call", rid, name))
         try:
             return await asyncio.wait_for(future, limit)
         except TimeoutError:
-            conn.waiting.pop(rid, None)
+            self.calls.pop(rid, None)
             raise CoreUnavailable(
                 f"the core process did not answer within {limit:g} s") from None
 
@@ -181,8 +268,8 @@ class RemoteCore:
         result: list[dict[str, Any]] = await self._call("workers")
         return result
 
-    async def gateways(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = await self._call("gateways")
+    async def cell(self) -> dict[str, Any]:
+        result: dict[str, Any] = await self._call("cell")
         return result
 
     async def metrics_text(self) -> bytes:
@@ -238,5 +325,6 @@ def unresponsive() -> Rendered:
         "the core process did not answer by the request's deadline")))
 
 
-__all__ = ["BACKSTOP_MARGIN_S", "CALL_TIMEOUT_S", "READY_TIMEOUT_S", "Receiver", "RemoteCore",
+__all__ = ["BACKSTOP_MARGIN_S", "CALL_TIMEOUT_S", "READY_TIMEOUT_S", "RECONNECT_FIRST_S",
+           "RECONNECT_MAX_S", "Receiver", "RemoteCore",
            "RemoteRoute", "client_closed", "unavailable", "unresponsive"]

@@ -233,15 +233,24 @@ def _docs() -> JsonObject:
 
 def _admin_workers() -> JsonObject:
     gateway = _object({"slot": {"type": "integer"}, "pid": {"type": ["integer", "null"]},
-                       "state": {"type": "string", "enum": ["running", "stopped"]},
+                       "state": {"type": "string",
+                                 "enum": ["starting", "running", "restarting", "stopped"]},
                        "restarts": {"type": "integer"}}, ["slot", "pid", "state", "restarts"])
+    core = _object({"pid": {"type": ["integer", "null"]},
+                    "state": {"type": "string",
+                              "enum": ["starting", "running", "restarting", "stopped"]},
+                    "restarts": {"type": "integer"}, "incarnation": {"type": "integer"}},
+                   ["pid", "state", "restarts", "incarnation"])
     body = _object({"workers": {"type": "array",
                                 "items": {"$ref": "#/components/schemas/Worker"}},
                     "gateways": {"type": "array", "items": gateway,
                                  "description": "the HTTP gateway processes (--gateways K); "
-                                                "empty in a single process"}},
-                   ["workers", "gateways"])
-    out = _get("each worker of the pool, and each gateway process", body)
+                                                "empty in a single process"},
+                    "core": {"oneOf": [core, {"type": "null"}],
+                             "description": "the core process of a cell, which its "
+                                            "supervisor restarts; null in a single process"}},
+                   ["workers", "gateways", "core"])
+    out = _get("each worker of the pool, and a cell's gateway and core processes", body)
     out["security"] = [{"adminKey": []}]
     out["responses"]["401"] = {"description": "no admin key",
                                "content": {JSON: {"schema": {"$ref": ERROR_REF}}}}

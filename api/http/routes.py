@@ -44,7 +44,7 @@ class CoreView(Protocol):
 
     async def metrics_text(self) -> bytes: ...
 
-    async def gateways(self) -> list[dict[str, Any]]: ...
+    async def cell(self) -> dict[str, Any]: ...
 
 
 class Routes:
@@ -161,7 +161,7 @@ class Routes:
         if not self.keys.is_admin(request.headers.get("authorization")):
             return error_response("unauthorized", "an admin key is required")
         workers = await self.core.workers()
-        body = {"workers": workers, "gateways": await self.core.gateways()}
+        body = {"workers": workers, **await self.core.cell()}
         return Response(orjson.dumps(body), media_type=JSON)
 
 

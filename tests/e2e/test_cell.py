@@ -141,16 +141,16 @@ async def test_metrics_of_every_process_are_in_one_scrape() -> None:
         assert metric(m, "batchgate_workers", state="ready") == 1  # and its gauges
 
 
-def test_every_gateway_and_worker_exits_when_the_core_dies() -> None:
+def test_every_process_of_the_cell_exits_when_its_supervisor_dies() -> None:
     import psutil
 
     with running_server(workers=2, args=["--gateways", "2", "--keys", str(EXAMPLE_KEYS)]) as srv:
         children = psutil.Process(srv.process.pid).children(recursive=True)
-        assert len(children) >= 4  # two gateways, two workers
+        assert len(children) >= 5  # the core, two gateways, two workers
         os.kill(srv.process.pid, signal.SIGKILL)
         _, alive = psutil.wait_procs(children, timeout=10)
         assert alive == []
-    # Killed outright, the core never removed its scratch folder: the next cell does.
+    # Killed outright, the supervisor never removed its scratch folder: the next cell does.
     tmp = Path(tempfile.gettempdir())
     left = list(tmp.glob(f"{SCRATCH_PREFIX}{srv.process.pid}-*"))
     assert len(left) == 1 and (left[0] / "metrics").is_dir()

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from api.gateway import BACKSTOP_MARGIN_S
-from loadtest.server import running_server, stop_server
+from loadtest.server import core_pid, running_server, stop_server
 from tests.e2e.helpers import PAID, patient_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -46,7 +46,8 @@ async def test_a_stopped_core_costs_each_waiting_request_a_503_by_its_backstop(
         answers: dict[str, tuple[httpx.Response, float]] = {}
         limits = httpx.Limits(max_connections=2)
         async with httpx.AsyncClient(base_url=srv.url, timeout=30, limits=limits) as client:
-            os.kill(srv.pid, signal.SIGSTOP)  # the cell's parent process is its core
+            core = core_pid(srv) or 0
+            os.kill(core, signal.SIGSTOP)
             try:
                 with anyio.fail_after(BOUND_S + 5):  # a hang fails here, not in CI's timeout
                     async with anyio.create_task_group() as tg:
@@ -54,7 +55,7 @@ async def test_a_stopped_core_costs_each_waiting_request_a_503_by_its_backstop(
                         tg.start_soon(post_timed, client, {"Idempotency-Key": "stall-1"},
                                       answers, "asgi")  # a keyed request takes ASGI's way
             finally:
-                os.kill(srv.pid, signal.SIGCONT)
+                os.kill(core, signal.SIGCONT)
             for way, (r, waited) in answers.items():
                 assert r.status_code == 503, (way, r.text)
                 assert r.json()["error"]["code"] == "core_unavailable", way

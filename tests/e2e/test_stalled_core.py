@@ -21,7 +21,7 @@ import anyio
 import httpx
 import pytest
 
-from loadtest.server import fetch_metrics, metric, running_server, stop_server
+from loadtest.server import core_pid, fetch_metrics, metric, running_server, stop_server
 from tests.e2e.helpers import PAID, patient_keys, workers_in_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -83,7 +83,8 @@ async def test_a_stalled_core_times_requests_from_their_arrival_and_kills_no_wor
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(post, client, "running", answers, {})
                     await wait_busy(client)
-                    os.kill(srv.pid, signal.SIGSTOP)  # the cell's parent process is its core
+                    core = core_pid(srv) or 0
+                    os.kill(core, signal.SIGSTOP)
                     try:
                         tg.start_soon(post, one_connection, "direct", answers, timed)
                         tg.start_soon(post, client, "asgi", answers,
@@ -91,7 +92,7 @@ async def test_a_stalled_core_times_requests_from_their_arrival_and_kills_no_wor
                         tg.start_soon(probe_ready, client, ready)
                         await anyio.sleep(STALL_S)  # the stall's length: the scenario
                     finally:
-                        os.kill(srv.pid, signal.SIGCONT)
+                        os.kill(core, signal.SIGCONT)
             status, waited = ready["readyz"]
             assert status == 503 and waited < STALL_S, ready
             for way in ("direct", "asgi"):

@@ -28,7 +28,7 @@ from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, TierPolicy, 
 from api.door import Door, Service, build_door
 from api.errors import CoreUnavailable
 from api.gateway import RemoteCore, RemoteRoute, run_message
-from api.gateway.remote import _CoreConnection
+from api.gateway.remote import _CoreConnection, _Settles
 from api.http import Answered, Job, Rendered, Routes, http_app
 from api.metrics import Metrics
 from batcher import Tier
@@ -62,12 +62,12 @@ class Gateway:
 
     def run(self, rid: int, text: str, timeout: float = 60.0) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.conn.waiting[rid] = future
+        self.conn.core.jobs[rid] = ((), _Settles(future))
         self.conn.send(run_message(rid, Job(WHO, [text], True, timeout)))
         return future
 
     def cancel(self, rid: int) -> None:
-        self.conn.waiting.pop(rid, None)
+        self.conn.core.jobs.pop(rid, None)
         self.conn.send(("cancel", rid))
 
     def close(self) -> None:
@@ -101,9 +101,10 @@ async def core(
 
 
 async def connect(path: str) -> Gateway:
-    _, conn = await asyncio.get_running_loop().create_unix_connection(
-        lambda: _CoreConnection(lambda: None), path)
-    return Gateway(conn)
+    remote = RemoteCore(path, reconnect=False)
+    await remote.connect()
+    assert remote._conn is not None
+    return Gateway(remote._conn)
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -184,9 +185,9 @@ async def test_a_gateway_gone_withdraws_its_queued_jobs(
         orphans = [leaving.run(rid, f"orphan-{rid}") for rid in range(1, 4)]
         await until(lambda: service.core.statistics().batcher.pending == 3)
         leaving.close()
-        for orphan in orphans:  # as a gateway's are, once its link is gone
-            with pytest.raises(CoreUnavailable):
-                await orphan
+        for orphan in orphans:  # as a gateway's are, once its link is gone for good
+            outcome = await orphan
+            assert isinstance(outcome, Rendered) and outcome.status == 503
         await until(lambda: service.core.statistics().batcher.pending == 0)
         with anyio.fail_after(30):
             assert (await first).outputs == ["tsrif"]
@@ -208,7 +209,7 @@ class Recorder:
 
 
 def link(busy_rate: float, spacing: float) -> tuple[_CoreConnection, Recorder]:
-    conn = _CoreConnection(lambda: None)
+    conn = _CoreConnection(RemoteCore("", reconnect=False))
     conn.busy_rate, conn.spacing = busy_rate, spacing
     recorder = Recorder()
     conn.connection_made(recorder)  # type: ignore[arg-type]
@@ -272,7 +273,7 @@ async def test_a_gateway_s_job_whose_client_leaves_ends_499_at_once_and_never_ru
     """The core answers nothing for a job withdrawn because its client left: the gateway's
     own call must end when the client goes, not wait for an answer that never comes."""
     async with core(tmp_path, monkeypatch, tiers()) as (service, _, ran, path):
-        remote = RemoteCore(path, lambda: None)
+        remote = RemoteCore(path, reconnect=False)
         await remote.connect()
         first = asyncio.ensure_future(remote.run(Job(WHO, ["first"], True, 60.0), HangUp()))
         await until(lambda: service.core.statistics().table.busy == 1)  # "first" runs
@@ -289,7 +290,7 @@ async def test_a_gateway_s_job_whose_client_leaves_ends_499_at_once_and_never_ru
         with anyio.fail_after(30):
             assert (await first).outputs == ["tsrif"]
         assert ran.read_text().split() == ["first"]
-        assert remote._conn is not None and not remote._conn.waiting
+        assert not remote.jobs and not remote.calls
 
 
 # -- the direct way of a gateway: HTTP in, the job over the link, the answer written back --
@@ -305,7 +306,7 @@ async def not_asgi(scope: Scope, receive: Receive, send: Send) -> None:
 @asynccontextmanager
 async def gateway_http(path: str) -> AsyncIterator[tuple[int, RemoteCore, Metrics]]:
     """A gateway's HTTP side in this process: uvicorn with `RemoteRoute` over the link."""
-    remote = RemoteCore(path, lambda: None)
+    remote = RemoteCore(path, reconnect=False)
     await remote.connect()
     metrics = Metrics()
     routes = Routes(remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), metrics)
@@ -345,7 +346,7 @@ async def test_a_gateway_s_direct_way_answers_each_request_with_its_own_output(
             {t: (200, t[::-1]) for t in texts}
         assert all("queue;dur=" in a.headers["server-timing"] for a in answers.values())
         assert sorted(ran.read_text().split()) == sorted(texts)
-        assert remote._conn is not None and not remote._conn.receivers
+        assert not remote.jobs
         await until(lambda: metrics.registry.get_sample_value(
             "batchgate_requests_total", {"tier": "paid", "code": "200"}) == len(texts))
 
@@ -369,7 +370,7 @@ async def test_a_gateway_s_direct_call_whose_client_leaves_is_withdrawn_and_coun
             await until(lambda: service.core.statistics().batcher.pending == 0)  # withdrawn
         assert first[0].json()["output"] == "tsrif"
         assert ran.read_text().split() == ["first"]
-        assert remote._conn is not None and not remote._conn.receivers
+        assert not remote.jobs
         await until(lambda: metrics.registry.get_sample_value(
             "batchgate_requests_total", {"tier": "paid", "code": "499"}) == 1)
 
@@ -409,14 +410,14 @@ async def test_a_gateway_s_calls_to_a_core_that_stops_answering_end_in_503(
 
     server = await asyncio.start_unix_server(mute, path)
     async with server:
-        remote = RemoteCore(path, lambda: None)
+        remote = RemoteCore(path, reconnect=False)
         await remote.connect()
         assert remote._conn is not None and remote._conn.transport is not None
         with anyio.fail_after(10):
             assert (await remote.ready())["ready"] is False
             with pytest.raises(CoreUnavailable):
                 await remote.workers()
-        assert not remote._conn.waiting
+        assert not remote.calls
         routes = Routes(remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), Metrics())
         async with serving(http_app(routes, no_lifespan)) as port, httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", timeout=10) as client:

@@ -32,7 +32,7 @@ def anyio_backend() -> str:
 def send_late(c: Cell, job: Job, sent_ago: float) -> Got:
     """`job` as its gateway sent it `sent_ago` seconds ago."""
     got, rid = Got(c.tap), next(RIDS)
-    c.tap.receivers[rid] = got
+    c.remote.jobs[rid] = ((), got)
     c.tap.send(run_message(rid, job, now=HOST_CLOCK() - sent_ago))
     return got
 

@@ -158,8 +158,8 @@ class Tap(_CoreConnection):
 
     spacing = 0.0  # each loop turn's messages leave as one frame, at once
 
-    def __init__(self) -> None:
-        super().__init__(lambda: None)
+    def __init__(self, core: RemoteCore) -> None:
+        super().__init__(core)
         self.wire: dict[int, list[Message]] = defaultdict(list)
         self.lost = False
         self.changed = asyncio.Event()
@@ -206,22 +206,23 @@ class Cell:
 
 
 @asynccontextmanager
-async def cell(gateways: Callable[[], list[dict[str, Any]]] | None = None
+async def cell(status: Callable[[], dict[str, Any]] | None = None
                ) -> AsyncIterator[Cell]:
     """The core's parts in this process and a tapped gateway; on the way out the core
     drains, which ends only once every job it took is answered or withdrawn."""
     pool, metrics = HeldPool(2), Metrics()
     settings = Settings(model="sim", workers=2, max_wait_ms=1, batch_latency_ms=1)
     service, door, status = build_door(settings, KeyRing({}, frozenset(), tiers=tiers()),
-                                       metrics, pool=pool, gateways=gateways)
+                                       metrics, pool=pool, cell=status)
     server = LinkServer(door, service.clock, status)
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "link.sock")
         async with anyio.create_task_group() as tg:
             await tg.start(service.run)
             await tg.start(server.serve, path)
-            remote = RemoteCore(path, lambda: None)
-            _, tap = await asyncio.get_running_loop().create_unix_connection(Tap, path)
+            remote = RemoteCore(path, reconnect=False)
+            _, tap = await asyncio.get_running_loop().create_unix_connection(
+                lambda: Tap(remote), path)
             remote._conn = tap  # the gateway's own connection, tapped
             yield Cell(service, pool, metrics, remote, tap)
             if tap.transport is not None:
@@ -309,7 +310,7 @@ def raw_call(c: Cell, name: str) -> tuple[int, asyncio.Future[Any]]:
     """A status call by any name, as `RemoteCore` makes one by a known name."""
     rid = next(CALL_IDS)
     future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    c.tap.waiting[rid] = future
+    c.remote.calls[rid] = future
     c.tap.send(("call", rid, name))
     return rid, future
 
@@ -327,7 +328,7 @@ def send_frame(c: Cell, frame: Frame, sent: Sent) -> None:
             sent.jobs[c.remote.submit(job, got)] = (job, got)
         elif isinstance(message, Withdraw) and sent.jobs:
             rid = list(sent.jobs)[message.which % len(sent.jobs)]
-            if rid in c.tap.receivers:  # not answered yet: its client leaves
+            if rid in c.remote.jobs:  # not answered yet: its client leaves
                 sent.withdrawn.add(rid)
             c.remote.withdraw(rid)
         elif isinstance(message, Call):
@@ -434,16 +435,16 @@ async def test_a_call_naming_no_known_call_is_answered_with_an_error() -> None:
             await still_serving(c)
 
 
-def broken() -> list[dict[str, Any]]:
+def broken() -> dict[str, Any]:
     raise RuntimeError("the supervisor's table is broken")
 
 
 @pytest.mark.anyio
 async def test_a_call_that_raises_is_answered_with_an_error_and_the_link_serves_on() -> None:
-    async with cell(gateways=broken) as c:
+    async with cell(status=broken) as c:
         with anyio.fail_after(5):
-            with pytest.raises(CoreUnavailable, match="RuntimeError in 'gateways'"):
-                await c.remote.gateways()
+            with pytest.raises(CoreUnavailable, match="RuntimeError in 'cell'"):
+                await c.remote.cell()
             assert len(await c.remote.workers()) == 2
             await still_serving(c)
 
@@ -455,7 +456,7 @@ async def no_lifespan(app: object) -> AsyncIterator[None]:
 
 @pytest.mark.anyio
 async def test_a_route_whose_core_call_raised_answers_503() -> None:
-    async with cell(gateways=broken) as c:
+    async with cell(status=broken) as c:
         routes = Routes(c.remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), Metrics())
         transport = httpx.ASGITransport(app=http_app(routes, no_lifespan))
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:

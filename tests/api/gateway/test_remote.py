@@ -77,7 +77,7 @@ async def mute_core(tmp_path: Path) -> AsyncIterator[tuple[MuteCore, RemoteCore]
     core, path = MuteCore(), str(tmp_path / "mute.sock")
     server = await asyncio.start_unix_server(core.serve, path)
     async with server:
-        remote = RemoteCore(path, lambda: None)
+        remote = RemoteCore(path, reconnect=False)
         await remote.connect()
         yield core, remote
         assert remote._conn is not None and remote._conn.transport is not None
@@ -123,7 +123,7 @@ async def test_a_job_past_its_backstop_is_withdrawn_at_the_core_and_forgotten_he
     async with mute_core(tmp_path) as (core, remote):
         await remote.run(Job(WHO, ["a"], True, TIMEOUT_S), Staying())
         await core.wait_heard(lambda heard: len(heard) == 2)
-        assert remote._conn is not None and not remote._conn.waiting
+        assert not remote.jobs
     (run, cancel) = core.heard
     assert run[0] == "run" and cancel == ("cancel", run[1])
 
@@ -176,7 +176,7 @@ async def test_a_request_to_a_mute_core_gets_503_core_unavailable_by_its_backsto
         waited = time.monotonic() - started
         await core.wait_heard(lambda heard: len(heard) == 2)
         assert remote._conn is not None
-        assert not remote._conn.receivers and not remote._conn.waiting
+        assert not remote.jobs and not remote.calls
     assert r.status_code == 503 and r.json()["error"]["code"] == "core_unavailable"
     assert r.headers["retry-after"] == "1"
     assert TIMEOUT_S + MARGIN_S <= waited < TIMEOUT_S + MARGIN_S + SLACK_S
@@ -201,4 +201,4 @@ async def test_a_direct_call_answered_in_time_leaves_no_backstop_behind(
         with anyio.fail_after(SLACK_S):
             r = await answered
         assert r.status_code == 200 and r.json()["output"] == "x"
-        assert len(route._backstops) == 0 and not remote._conn.receivers
+        assert len(route._backstops) == 0 and not remote.jobs

@@ -125,8 +125,8 @@ class AsgiCore:
     async def metrics_text(self) -> bytes:
         return b""
 
-    async def gateways(self) -> list[dict[str, Any]]:
-        return []
+    async def cell(self) -> dict[str, Any]:
+        return {"gateways": [], "core": None}
 
 
 class Instant(DirectRoute):

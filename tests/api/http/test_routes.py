@@ -65,8 +65,8 @@ class FakeCore:
     async def metrics_text(self) -> bytes:
         return b"batchgate_up 1\n"
 
-    async def gateways(self) -> list[dict[str, Any]]:
-        return [{"slot": 0}]
+    async def cell(self) -> dict[str, Any]:
+        return {"gateways": [{"slot": 0}], "core": {"pid": 7}}
 
 
 def routes_over(core: FakeCore) -> Routes:
@@ -221,7 +221,8 @@ async def test_the_workers_listing_needs_an_admin_key() -> None:
                                  headers={"Authorization": "Bearer admin-demo-key"})
     assert anyone.status_code == paid.status_code == 401
     assert admin.status_code == 200
-    assert admin.json() == {"workers": [{"id": 1, "state": "ready"}], "gateways": [{"slot": 0}]}
+    assert admin.json() == {"workers": [{"id": 1, "state": "ready"}], "gateways": [{"slot": 0}],
+                            "core": {"pid": 7}}
 
 
 @pytest.mark.parametrize(("ready", "status"), [(True, 200), (False, 503)])
