@@ -9,8 +9,7 @@ Real SQLite files and a real Redis; a core whose batches the test starts and fin
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -18,68 +17,38 @@ import orjson
 import pytest
 from anyio.abc import TaskGroup
 
-from api.config import DEFAULT_TIERS, Principal
 from api.door import Door, RateLimiter
 from api.http import Answered, Job, Outcome, Rendered
 from api.metrics import Metrics
-from batcher import BatchgateError, Item, MonotonicClock, OverBudget, Tier
+from batcher import BatchgateError, Item, MonotonicClock, OverBudget
 from failover import MemoryIdempotencyStore
 from failover.state import BackedStore, KeptState
+from tests.api.door.test_keyed_kept import REPLAYED, ROOMY, WHO, BatchCore
 from tests.failover.state.conftest import redis_at, sqlite_at
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.anyio
-WHO = Principal(Tier.PAID, "acme", "key-1")
-ROOMY = {t: replace(p, rate=1e9, burst=1e9, account_rate=1e9, account_burst=1e9)
-         for t, p in DEFAULT_TIERS.items()}
-REPLAYED = ("Idempotent-Replayed", "true")
 
 
-class Core:
-    """`api.door.Core`: admitted items wait until the test `start`s them (a batch: each
-    counts a flight) and `finish`es them (reversed); `refusing` refuses at admission."""
+class Core(BatchCore):
+    """`BatchCore` that `refusing` makes refuse at admission, and whose admissions a test
+    can wait for."""
 
     def __init__(self) -> None:
-        self.queued: list[Item] = []
-        self.running: list[Item] = []
-        self.ran: list[str] = []
+        super().__init__()
         self.refusing: BatchgateError | None = None
         self._admitted = anyio.Event()
 
     def admit(self, items: list[Item], deadline_in: float, now: float) -> None:
         if self.refusing is not None:
             raise self.refusing
-        self.queued += items
+        super().admit(items, deadline_in, now)
         self._admitted.set()
-
-    def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float
-                  ) -> list[BatchgateError | None]:
-        for items, deadline_in in requests:
-            self.admit(items, deadline_in, now)
-        return [None] * len(requests)
-
-    def cancel(self, item: Item) -> None:
-        self.queued = [queued for queued in self.queued if queued is not item]
 
     async def wait_queued(self, n: int = 1) -> None:
         while len(self.queued) < n:
             self._admitted = anyio.Event()
             await self._admitted.wait()
-
-    def start(self) -> None:
-        for item in self.queued:
-            item.flights += 1
-        self.running += self.queued
-        self.ran += [item.text for item in self.queued]
-        self.queued = []
-
-    def finish(self) -> None:
-        running, self.running = self.running, []
-        for item in running:
-            item.flights -= 1
-            item.done = True
-        for item in running:
-            item.sink.item_done(item, item.text[::-1])
 
 
 class Cell:
