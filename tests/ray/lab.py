@@ -45,6 +45,7 @@ class Lab:
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "_system_config": FAST_NODE_DEATH})
         self._nodes: dict[str, Any] = {}
+        self.size = worker_nodes  # what every test starts with
         for _ in range(worker_nodes):
             self.add_node()
         ray.init(address=self.cluster.address)
