@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from loadtest.server import (
     RunningServer,
     core_pid,
     fetch_metrics,
+    is_ready,
     metric,
     start_server,
     stop_server,
@@ -70,14 +70,6 @@ def admin_workers(url: str) -> dict[str, object]:
     return body
 
 
-def ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/readyz", timeout=1) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 async def _fault(server: RunningServer, sig: str, stop_s: float) -> float:
     """One fault on the current core; seconds until the cell is ready again."""
     pid = core_pid(server)
@@ -98,7 +90,7 @@ async def _fault(server: RunningServer, sig: str, stop_s: float) -> float:
 
 def _back(server: RunningServer, pid: int, sig: str) -> bool:
     """Ready again, with another core after a kill."""
-    return (sig != "KILL" or core_pid(server) not in (pid, None)) and ready(server.url)
+    return (sig != "KILL" or core_pid(server) not in (pid, None)) and is_ready(server.url)
 
 
 async def run_faults(server: RunningServer, rps: float, duration: float, faults: int,

@@ -93,14 +93,14 @@ def wait_ready(server: RunningServer, timeout_s: float) -> None:
         if server.process.poll() is not None:
             raise ServerError(f"server exited with {server.process.returncode}:\n"
                               + server.log_tail(), server.log_path)
-        if _ready(server.url):
+        if is_ready(server.url):
             return
         time.sleep(0.1)
     raise ServerError(f"server not ready after {timeout_s:.0f} s:\n" + server.log_tail(),
                       server.log_path)
 
 
-def _ready(url: str) -> bool:
+def is_ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/readyz", timeout=1.0) as resp:
             return bool(resp.status == 200)

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import json
 import logging
 import multiprocessing
@@ -70,7 +68,7 @@ from api.cell.scratch import (
     sweep_scratch,
 )
 from api.config import Settings
-from api.gateway.lifeline import SUPERVISOR_PID
+from api.gateway.lifeline import SUPERVISOR_PID, prctl
 from gpu_pool import CELL_ID_ENV, INCARNATION_ENV, Backoff
 
 log = logging.getLogger("batchgate.cell")
@@ -233,9 +231,7 @@ def _signal(process: BaseProcess, sig: int) -> None:
 def become_subreaper() -> None:
     """Descendants whose parent dies (a dead core's workers) become this process's children,
     so that `end_orphans` can end them (Linux; elsewhere nothing)."""
-    name = ctypes.util.find_library("c")
-    if name is not None:
-        ctypes.CDLL(name, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def end_orphans() -> list[int]:

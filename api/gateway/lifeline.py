@@ -31,24 +31,25 @@ def die_with_supervisor() -> None:
 def name_process(name: str) -> None:
     """What `ps -o comm`, `top` and /proc/PID/comm show for this process (15 bytes at
     most): a cell's processes are otherwise all "python"."""
-    libc = _libc()
-    if libc is not None:
-        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    prctl(PR_SET_NAME, name.encode()[:15])
 
 
-def _libc() -> ctypes.CDLL | None:
+def prctl(option: int, arg: int | bytes) -> bool:
+    """Linux's prctl(2) with one argument; whether it succeeded (False where there is no C
+    library to ask)."""
     name = ctypes.util.find_library("c")
-    return None if name is None else ctypes.CDLL(name, use_errno=True)
+    if name is None:
+        return False
+    return int(ctypes.CDLL(name, use_errno=True).prctl(option, arg, 0, 0, 0)) == 0
 
 
 def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
     """Have `sig` sent to this process when `parent` (its parent now) dies. If the parent is
     already gone (it died before this ran), the signal is raised at once."""
-    libc = _libc()
-    if libc is None or libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+    if not prctl(PR_SET_PDEATHSIG, sig):
         return
     if os.getppid() != parent:
         signal.raise_signal(sig)
 
 
-__all__ = ["SUPERVISOR_PID", "die_with_parent", "die_with_supervisor", "name_process"]
+__all__ = ["SUPERVISOR_PID", "die_with_parent", "die_with_supervisor", "name_process", "prctl"]

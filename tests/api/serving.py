@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,12 +16,14 @@ from api.http import ConnectionLimits, DirectRoute, guarded_protocol
 
 
 @asynccontextmanager
-async def serving(app: ASGIApp, direct: DirectRoute | None = None) -> AsyncIterator[int]:
+async def serving(app: ASGIApp, direct: DirectRoute | None = None,
+                  http: type[asyncio.Protocol] | None = None) -> AsyncIterator[int]:
+    """Its port; `http`: the protocol class, if not the guarded one with `direct`."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()  # connections wait in the backlog until uvicorn accepts them
     config = uvicorn.Config(app, lifespan="off", log_level="warning", timeout_graceful_shutdown=1,
-                            http=guarded_protocol(ConnectionLimits(), direct))
+                            http=http or guarded_protocol(ConnectionLimits(), direct))
     server = uvicorn.Server(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(server.serve, [sock])

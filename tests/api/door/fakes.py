@@ -8,16 +8,30 @@ Everything waits through anyio, so the same fakes run in exact virtual time (tri
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from api.http import Collation
-from batcher import BatchgateError, Item
+from api.config import DEFAULT_TIERS, Principal
+from api.http import Collation, Job
+from batcher import BatchgateError, Item, Tier
 from gpu_pool import Ok, PoolEvents, Run, WorkerId
 from tests.fake_pools import ReportsWorkers
+
+WHO = Principal(Tier.PAID, "acme", "key-1")
+ROOMY = {t: replace(p, rate=1e9, burst=1e9, account_rate=1e9, account_burst=1e9)
+         for t, p in DEFAULT_TIERS.items()}  # limits no door test reaches
+REPLAYED = ("Idempotent-Replayed", "true")
+
+
+def keyed(text: str = "hello", key: str = "k-1", timeout: float = 10.0,
+          who: Principal = WHO) -> Job:
+    """A one-input job with an Idempotency-Key, its fingerprint the input's."""
+    return Job(who, [text], True, timeout, (key, hashlib.sha256(text.encode()).digest()))
 
 
 class FakePool(ReportsWorkers):
@@ -207,4 +221,56 @@ class Waiter(Collation):
             await self.over.wait()
 
 
-__all__ = ["Client", "FakePool", "QueueCore", "Waiter"]
+
+
+class BatchCore:
+    """`api.door.Core` whose items wait queued until the test `start`s a batch of them (each
+    then counts a flight, as the in-flight table marks it), which it then `finish`es (each
+    input reversed) or `fail`s. Cancelled items leave the queue; a cancelled item in a batch
+    is still settled when the batch ends, as the dispatch core settles it."""
+
+    def __init__(self) -> None:
+        self.queued: list[Item] = []
+        self.running: list[Item] = []
+        self.cancelled: list[Item] = []
+        self.ran: list[str] = []  # every input a batch ran
+
+    def admit(self, items: list[Item], deadline_in: float, now: float) -> None:
+        self.queued += items
+
+    def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float
+                  ) -> list[BatchgateError | None]:
+        for items, deadline_in in requests:
+            self.admit(items, deadline_in, now)
+        return [None] * len(requests)
+
+    def cancel(self, item: Item) -> None:
+        item.cancelled = True
+        self.cancelled.append(item)
+        self.queued = [queued for queued in self.queued if queued is not item]
+
+    def start(self, count: int | None = None) -> None:
+        """Cut a batch of the first `count` queued items (all by default)."""
+        batch, self.queued = self.queued[:count], self.queued[len(self.queued[:count]):]
+        for item in batch:
+            item.flights += 1
+        self.running += batch
+        self.ran += [item.text for item in batch]
+
+    def finish(self) -> None:
+        self._settle(lambda item: item.text[::-1])
+
+    def fail(self, error: BaseException) -> None:
+        self._settle(lambda item: error)
+
+    def _settle(self, result: object) -> None:
+        running, self.running = self.running, []
+        for item in running:
+            item.flights -= 1
+            item.done = True
+        for item in running:
+            item.sink.item_done(item, result(item))  # type: ignore[operator]
+
+
+__all__ = ["REPLAYED", "ROOMY", "WHO", "BatchCore", "Client", "FakePool", "QueueCore", "Waiter",
+           "keyed"]

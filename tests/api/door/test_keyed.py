@@ -9,7 +9,6 @@ answers or fails it, and through `KeyedPath` alone over a `serve` the test settl
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 
 import anyio
@@ -18,30 +17,21 @@ import orjson
 import pytest
 from anyio.abc import TaskGroup
 
-from api.config import DEFAULT_TIERS, Principal, TierPolicy
+from api.config import Principal, TierPolicy
 from api.door import Door, KeyedPath, RateLimiter, is_kept
 from api.errors import ApiError, RateLimited, to_api_error
 from api.http import Answered, ClientWatch, Job, Outcome, Rendered, rendered
 from api.metrics import Metrics
 from batcher import BatchgateError, DeadlineExceeded, MonotonicClock, OverBudget, Tier
 from failover import MemoryIdempotencyStore, ModelError, ShuttingDown, WorkerCrashed
-from tests.api.door.fakes import Client, QueueCore
+from tests.api.door.fakes import REPLAYED, ROOMY, Client, QueueCore, keyed
 
 pytestmark = pytest.mark.anyio
-WHO = Principal(Tier.PAID, "acme", "key-1")
-ROOMY = {t: replace(p, rate=1e9, burst=1e9, account_rate=1e9, account_burst=1e9)
-         for t, p in DEFAULT_TIERS.items()}
-REPLAYED = ("Idempotent-Replayed", "true")
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # a request waits on an asyncio future (`PendingRequest`)
-
-
-def keyed(text: str = "hello", key: str = "k-1", timeout: float = 10.0,
-          who: Principal = WHO) -> Job:
-    return Job(who, [text], True, timeout, (key, hashlib.sha256(text.encode()).digest()))
 
 
 def door_over(core: QueueCore, tiers: dict[Tier, TierPolicy] = ROOMY) -> Door:

@@ -10,81 +10,26 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
 
 import anyio
 import orjson
 import pytest
 from anyio.abc import TaskGroup
 
-from api.config import DEFAULT_TIERS, Principal
 from api.door import Door, RateLimiter
 from api.door import keyed as keyed_module
 from api.http import ClientWatch, Job, Rendered
 from api.metrics import Metrics
-from batcher import BatchgateError, Item, MonotonicClock, Tier
+from batcher import MonotonicClock
 from failover import MemoryIdempotencyStore, ModelError
-from tests.api.door.fakes import Client
+from tests.api.door.fakes import REPLAYED, ROOMY, WHO, BatchCore, Client
 
 pytestmark = pytest.mark.anyio
-WHO = Principal(Tier.PAID, "acme", "key-1")
-ROOMY = {t: replace(p, rate=1e9, burst=1e9, account_rate=1e9, account_burst=1e9)
-         for t, p in DEFAULT_TIERS.items()}
-REPLAYED = ("Idempotent-Replayed", "true")
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"  # a request waits on an asyncio future (`PendingRequest`)
-
-
-class BatchCore:
-    """`api.door.Core` whose items wait queued until the test `start`s a batch of them (each
-    then counts a flight, as the in-flight table marks it), which it then `finish`es (each
-    input reversed) or `fail`s. Cancelled items leave the queue; a cancelled item in a batch
-    is still settled when the batch ends, as the dispatch core settles it."""
-
-    def __init__(self) -> None:
-        self.queued: list[Item] = []
-        self.running: list[Item] = []
-        self.cancelled: list[Item] = []
-        self.ran: list[str] = []  # every input a batch ran
-
-    def admit(self, items: list[Item], deadline_in: float, now: float) -> None:
-        self.queued += items
-
-    def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float
-                  ) -> list[BatchgateError | None]:
-        for items, deadline_in in requests:
-            self.admit(items, deadline_in, now)
-        return [None] * len(requests)
-
-    def cancel(self, item: Item) -> None:
-        item.cancelled = True
-        self.cancelled.append(item)
-        self.queued = [queued for queued in self.queued if queued is not item]
-
-    def start(self, count: int | None = None) -> None:
-        """Cut a batch of the first `count` queued items (all by default)."""
-        batch, self.queued = self.queued[:count], self.queued[len(self.queued[:count]):]
-        for item in batch:
-            item.flights += 1
-        self.running += batch
-        self.ran += [item.text for item in batch]
-
-    def finish(self) -> None:
-        self._settle(lambda item: item.text[::-1])
-
-    def fail(self, error: BaseException) -> None:
-        self._settle(lambda item: error)
-
-    def _settle(self, result: object) -> None:
-        running, self.running = self.running, []
-        for item in running:
-            item.flights -= 1
-            item.done = True
-        for item in running:
-            item.sink.item_done(item, result(item))  # type: ignore[operator]
 
 
 def keyed(texts: Sequence[str] = ("hello",), key: str = "k-1", timeout: float = 10.0) -> Job:

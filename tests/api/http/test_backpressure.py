@@ -15,13 +15,13 @@ from typing import cast
 
 import anyio
 import pytest
-import uvicorn
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from api.http import ConnectionLimits, DirectCall, DirectRoute, Routes, guarded_protocol
 from api.http.backpressure import WRITE_HIGH_WATER, Backpressure
+from tests.api.serving import serving
 
 pytestmark = pytest.mark.anyio
 ANSWER = b"a" * 1_000_000  # more than loopback's socket buffers take in a few answers
@@ -95,12 +95,9 @@ def big_app(counted: Counted) -> ASGIApp:
 
 
 @asynccontextmanager
-async def serving(counted: Counted) -> AsyncIterator[int]:
+async def counted_server(counted: Counted) -> AsyncIterator[int]:
     """A real uvicorn server with the guarded protocol, its connections told to `counted`;
     its port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
     guarded = guarded_protocol(ConnectionLimits(body_timeout=UNREAD_S), BigDirect(counted))
 
     class Watched(guarded):  # type: ignore[valid-type,misc]  # a class made at run time
@@ -112,15 +109,8 @@ async def serving(counted: Counted) -> AsyncIterator[int]:
             super().connection_lost(exc)
             counted.connected(False)
 
-    config = uvicorn.Config(big_app(counted), lifespan="off", log_level="warning",
-                            timeout_graceful_shutdown=1, http=Watched)
-    server = uvicorn.Server(config)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        try:
-            yield sock.getsockname()[1]
-        finally:
-            server.should_exit = True
+    async with serving(big_app(counted), http=Watched) as port:
+        yield port
 
 
 async def send_unread(port: int, request: bytes, n: int, counted: Counted) -> None:
@@ -147,7 +137,7 @@ async def test_a_client_that_reads_nothing_is_not_read_again_and_is_cut_off(
     request_: bytes
 ) -> None:
     counted = Counted()
-    async with serving(counted) as port:
+    async with counted_server(counted) as port:
         with anyio.fail_after(10):
             await send_unread(port, request_, 30, counted)
         assert counted.lost  # closed by the server, what it held unread discarded
@@ -159,7 +149,7 @@ async def test_a_client_that_reads_every_answer_gets_them_all(request_: bytes) -
     """Ten requests in one write, ten 1 MB answers read whole: reading paused and resumed
     with the buffer on both ways, and nothing cut off."""
     counted = Counted()
-    async with serving(counted) as port:
+    async with counted_server(counted) as port:
         stream = await anyio.connect_tcp("127.0.0.1", port)
         await stream.send(request_ * 10)
         received = bytearray()

@@ -8,7 +8,6 @@ Real SQLite files and a real Redis; a core whose batches the test starts and fin
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from api.metrics import Metrics
 from batcher import BatchgateError, Item, MonotonicClock, OverBudget
 from failover import MemoryIdempotencyStore
 from failover.state import BackedStore, KeptState
-from tests.api.door.test_keyed_kept import REPLAYED, ROOMY, WHO, BatchCore
+from tests.api.door.fakes import REPLAYED, ROOMY, WHO, BatchCore, keyed
 from tests.failover.state.conftest import redis_at, sqlite_at
 from tests.redis_server import RedisServer
 
@@ -80,10 +79,6 @@ async def running(tg: TaskGroup, durable: KeptState) -> Cell:
     cell = Cell(durable)
     await tg.start(cell.store.run)
     return cell
-
-
-def keyed(text: str = "hello", key: str = "k-1", timeout: float = 10.0) -> Job:
-    return Job(WHO, [text], True, timeout, (key, hashlib.sha256(text.encode()).digest()))
 
 
 def plain(text: str = "hello") -> Job:
