@@ -8,10 +8,11 @@ handed over with `call_soon_threadsafe`), never a blocking wait. A death is seen
 the actor's `sentinel` call, pending for the actor's whole life, or through a failed batch,
 whichever comes first, and is reported once: an actor crash, `ray.kill` (the hang
 watchdog's `kill`) and a lost node all look alike. Before a death is reported, Ray is asked
-which nodes are dead (a few milliseconds), and every actor of a lost node is reported in
-the same turn. A dead slot gets a new actor after the
-process pool's backoff; the new one waits, `pending`, until the cluster has room for it,
-and meanwhile the pool simply runs smaller.
+which nodes are dead (a few milliseconds), and the dead actor's raylet is knocked on: one
+that refuses the connection is a lost node even before Ray's health checks say so (they
+take several periods). Every actor of a lost node is reported in the same turn. A dead
+slot gets a new actor after the process pool's backoff; the new one waits, `pending`, until
+the cluster has room for it, and meanwhile the pool simply runs smaller.
 
 With a memory bound, an actor that says with its answer that it holds more is killed while
 it is idle and its slot gets a new actor at once, under the same worker id, as the process
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -60,6 +62,8 @@ log = logging.getLogger("batchgate.ray_pool")
 
 CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
+RAYLET_KNOCK_S = 0.5  # to connect to a dead actor's raylet; no answer in time proves nothing
+_GONE = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
 RENEWALS_PER_LEASE = 4  # a lease is renewed this often within its length
 _PLACED = frozenset({SlotState.STARTING, SlotState.READY, SlotState.BUSY})  # holding room
@@ -92,6 +96,7 @@ class RayPool(SlotPool[_Slot]):
                                first=SlotState.PENDING, backoff=settings.pool.backoff))
         self._owns_ray = False
         self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
+        self._suspects: set[str] = set()  # the nodes of `_dying`: is each one lost?
         self._deaths = anyio.Event()  # set when `_dying` gains one
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -371,6 +376,8 @@ class RayPool(SlotPool[_Slot]):
         if not self._slots.stopping:
             log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
         self._dying.append(worker)
+        if slot.node != "-":
+            self._suspects.add(slot.node)
         self._deaths.set()
         if self._settings.pool.restart:
             self._slots.restart(slot)
@@ -394,9 +401,11 @@ class RayPool(SlotPool[_Slot]):
             self._deaths = anyio.Event()
             while self._dying:
                 checked = list(self._dying)  # later deaths wait for a check of their own
+                suspects, self._suspects = self._suspects, set()
                 lost: set[str] = set()
                 with anyio.move_on_after(NODE_CHECK_S):  # Ray's control plane may hang
-                    lost = await anyio.to_thread.run_sync(_dead_nodes, abandon_on_cancel=True)
+                    lost = await anyio.to_thread.run_sync(
+                        _lost_nodes, suspects, abandon_on_cancel=True)
                 neighbours = [s for s in self._slots if s.node in lost and s.state in _PLACED]
                 for slot in neighbours:
                     self._lost(slot, slot.worker)
@@ -406,12 +415,29 @@ class RayPool(SlotPool[_Slot]):
                     self._events.worker_died(worker)
 
 
-def _dead_nodes() -> set[str]:
-    """The ids of the nodes Ray has declared dead (blocking: call it in a thread)."""
+def _lost_nodes(suspects: set[str]) -> set[str]:
+    """The ids of the nodes Ray has declared dead, and of the `suspects` whose raylet
+    refuses a connection: a lost machine is known before Ray's verdict on it, which comes
+    only after several missed health checks (blocking: call it in a thread)."""
     try:
-        return {n["NodeID"] for n in ray.nodes() if not n["Alive"]}
+        nodes = ray.nodes()
     except RayError:
         return set()
+    lost = {n["NodeID"] for n in nodes if not n["Alive"]}
+    for node in nodes:
+        if node["Alive"] and node["NodeID"] in suspects and not _answers(
+                node["NodeManagerAddress"], node["NodeManagerPort"]):
+            lost.add(node["NodeID"])
+    return lost
+
+
+def _answers(host: str, port: int) -> bool:
+    """False only when the address says for sure that nothing listens there."""
+    try:
+        with socket.create_connection((host, port), timeout=RAYLET_KNOCK_S):
+            return True
+    except OSError as exc:
+        return exc.errno not in _GONE
 
 
 def _check_reachable(address: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
 from gpu_pool import BatchId, Err, Ok, PoolSettings, RayPoolSettings, Run, WorkerId
-from gpu_pool.ray_pool import RayPool
+from gpu_pool.ray_pool import RayPool, _lost_nodes
 from tests.gpu_pool.test_pool import Events
 from tests.ray.lab import SLOT, Lab, kill_actor
 
@@ -128,6 +128,16 @@ async def test_a_lost_nodes_actors_are_reported_dead_together(lab: Lab) -> None:
         assert {w.node for w in pool.workers() if w.state == "dead"} == {lost}
         tg.cancel_scope.cancel()
     lab.add_node()  # the cluster as the other tests expect it
+
+
+def test_a_lost_node_is_known_by_its_raylet_before_rays_verdict(lab: Lab) -> None:
+    # Ray declares the node dead after missed health checks (~1.5 s here, ~15 s by
+    # default); a busy machine delays that verdict past the pool's node check.
+    lost, kept = lab.worker_nodes()
+    suspects = {lost, kept}  # the dead nodes of earlier tests aside
+    assert _lost_nodes(suspects) & suspects == set()
+    lab.remove_node(lost)
+    assert _lost_nodes(suspects) & suspects == {lost}  # at once, and the live one is not
 
 
 async def test_workers_beyond_the_clusters_room_wait_pending(lab: Lab) -> None:
