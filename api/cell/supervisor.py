@@ -132,9 +132,10 @@ class CoreProcess:
         up, gone = asyncio.ensure_future(self._up.wait()), asyncio.ensure_future(
             self._gone.wait())
         await asyncio.wait([up, gone], return_when=asyncio.FIRST_COMPLETED)
-        for waiting in (up, gone):
+        came_up = up.done()  # not `_up`: a core that came up and died at once may be
+        for waiting in (up, gone):  # restarting already, its successor not yet up
             waiting.cancel()
-        return self._up.is_set()
+        return came_up
 
     def _spawn(self) -> None:
         self.incarnation += 1
