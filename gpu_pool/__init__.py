@@ -1,13 +1,15 @@
 """The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
 
 Offers the pool seam (`Pool`, `PoolEvents`), the wire messages, the process pool
-(`WorkerPool`), its settings, the slot states and restart `Backoff` both pools share, the
-model registry (what a model name means, asked without loading it) and the model loader.
+(`WorkerPool`), its settings, what a slot holds (`Load`: one model version), the slot
+states and restart `Backoff` both pools share, the model registry (what a model name means,
+asked without loading it) and the model loader.
 The Ray pool's settings are here too; the Ray pool itself is `gpu_pool.ray_pool.RayPool`,
 imported only where Ray is wanted (it is an optional dependency, and importing `gpu_pool`
 must not import it).
 """
 
+from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.models import (
     BUILTIN_MODELS,
     BatchModel,
@@ -34,12 +36,14 @@ from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 __all__ = [
     "BUILTIN_MODELS",
     "CELL_ID_ENV",
+    "DEFAULT_VERSION",
     "INCARNATION_ENV",
     "Backoff",
     "BatchId",
     "BatchModel",
     "CellIdentity",
     "Err",
+    "Load",
     "ModelEntry",
     "Ok",
     "Pool",

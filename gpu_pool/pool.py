@@ -12,6 +12,12 @@ is replaced at once, between batches: it is told to stop (it holds nothing), and
 has exited, freeing its memory, its slot starts another process under the same worker id
 (`Slots.replace`). A batch the core sends meanwhile is held, and is the new process's first;
 the hang watchdog's `kill` spares the new process while it loads (that batch has not started).
+
+Each slot holds one model version (`PoolSettings.loads`). A switch (`switch`, the core's
+decision) retires an idle worker the same way, told to stop and killed past a grace, and
+once it has exited its slot starts a process loading the other version under a new worker
+id (`Slots.switch`): restarting the process is what frees all the memory the old version
+held.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from multiprocessing.process import BaseProcess
 import anyio
 from anyio.abc import TaskStatus
 
+from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.memory import MIB, MemoryBound, resident_bytes
 from gpu_pool.pipe import WorkerPipe, open_pipe
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
@@ -35,14 +42,18 @@ from gpu_pool.slots import Backoff, Slot, SlotPool, Slots, SlotState
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")
-STOP_GRACE_S = 10.0  # for a replaced worker to exit once told to stop, before it is killed
+STOP_GRACE_S = 10.0  # for a replaced (or switched) worker to exit once told to stop
 
 
 @dataclass(frozen=True, slots=True)
 class PoolSettings:
+    """`model`: the one model's spec, every slot's when `loads` is empty. `loads`: the
+    version each slot starts with, one per worker. `latency_floor`: seconds every batch is
+    padded to, for every load naming no floor of its own; None: each spec's default."""
+
     model: str
     workers: int
-    latency_floor: float = 0.0
+    latency_floor: float | None = None
     gpus: int = 0  # CUDA devices present; workers are pinned round-robin
     ready_timeout: float = 300.0
     restart_backoff: float = 0.5
@@ -50,6 +61,7 @@ class PoolSettings:
     stable_after: float = 30.0  # a worker alive this long resets its slot's backoff
     restart: bool = True
     max_rss_mb: int | None = None  # a worker holding more is replaced between batches
+    loads: tuple[Load, ...] = ()  # each slot's first version; (): `model` on every slot
 
     @property
     def memory(self) -> MemoryBound:
@@ -61,11 +73,22 @@ class PoolSettings:
         return Backoff(first=self.restart_backoff, cap=self.restart_backoff_max,
                        stable_after=self.stable_after)
 
+    def slot_loads(self) -> tuple[Load, ...]:
+        """The version each slot starts with."""
+        return self.loads or (Load(DEFAULT_VERSION, self.model),) * self.workers
+
+    def floor(self, load: Load) -> float:
+        """Seconds every batch of `load` is padded to."""
+        return load.floor(self.latency_floor)
+
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
-        if self.latency_floor < 0:
+        if self.latency_floor is not None and self.latency_floor < 0:
             raise ValueError("batch latency floor must be >= 0")
+        if self.loads and len(self.loads) != self.workers:
+            raise ValueError(f"{len(self.loads)} loads for {self.workers} workers: name one "
+                             "per worker")
         MemoryBound(self.max_rss_mb)  # raises on a bound under 1 MiB
 
 
@@ -75,8 +98,7 @@ class _Slot(Slot):
     pipe: WorkerPipe | None = None  # owns the parent's end of the worker's pipe
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
-    retired: BaseProcess | None = None  # replaced, told to stop, not yet exited
-    held: Run | None = None  # sent while the worker is replaced: the new process's first
+    retired: BaseProcess | None = None  # replaced or switched, told to stop, not yet exited
 
 
 class WorkerPool(SlotPool[_Slot]):
@@ -87,7 +109,8 @@ class WorkerPool(SlotPool[_Slot]):
         self._memory = settings.memory
         self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
-        super().__init__(Slots([_Slot(i) for i in range(settings.workers)],
+        loads = settings.slot_loads()
+        super().__init__(Slots([_Slot(i, load=loads[i]) for i in range(settings.workers)],
                                first=SlotState.STARTING, backoff=settings.backoff))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -160,19 +183,38 @@ class WorkerPool(SlotPool[_Slot]):
             log.warning("killing worker %s (pid %s)", worker, slot.process.pid)
             slot.process.kill()
 
+    def switch(self, worker: WorkerId, load: Load) -> None:
+        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): it is told to stop,
+        and once it has exited its slot starts a process loading `load` under a new id."""
+        slot = self._slots.find(worker)
+        if slot is None:
+            return
+        idle = slot.state is SlotState.READY
+        if not self._slots.switch(slot, worker, load):
+            return
+        log.info("worker %s (slot %d) switches to %s", worker, slot.index, load.version)
+        if idle:
+            self._let_go(slot)
+
     @property
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process and s.process.pid]
 
     # -- internals ---------------------------------------------------------------------------
     async def _start(self, slot: _Slot) -> None:
-        if slot.replacing:
-            await self._reap(slot)
+        await self._reap(slot)  # a replaced or switched process exits (its memory freed) first
+        if self._slots.stopping:
+            return
+        # The core never saw a replaced worker go: it keeps its id.
+        worker = slot.worker if slot.replacing else self._slots.begin(slot)
+        load = slot.load
+        assert load is not None  # every slot of this pool is given one
         config = WorkerConfig(
-            model=self._settings.model,
+            model=load.spec,
             gpu=slot.index % self._settings.gpus if self._settings.gpus else None,
             threads=max(1, (os.cpu_count() or 1) // self._settings.workers),
-            latency_floor=self._settings.latency_floor,
+            latency_floor=self._settings.floor(load),
+            version=load.version,
         )
         try:
             parent, child = self._ctx.Pipe()
@@ -183,8 +225,6 @@ class WorkerPool(SlotPool[_Slot]):
             target=worker_main, args=(child, config), name=f"batchgate-worker-{slot.index}",
             daemon=True,
         )
-        # The core never saw a replaced worker go: it keeps its id.
-        worker = slot.worker if slot.replacing else self._slots.begin(slot)
         slot.process = process
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
         try:
@@ -208,9 +248,10 @@ class WorkerPool(SlotPool[_Slot]):
             log.error("could not watch worker %s's pipe (%s); killing it", worker, exc)
             process.kill()  # its exit, through the sentinel, is a death like any other
         asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, slot, worker)
+        ready = slot.ready
         with anyio.move_on_after(self._settings.ready_timeout):
-            await slot.ready.wait()
-        if slot.worker == worker and slot.state is SlotState.STARTING:
+            await ready.wait()
+        if not ready.is_set() and slot.worker == worker and slot.process is process:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       self._settings.ready_timeout)
             process.kill()
@@ -237,7 +278,11 @@ class WorkerPool(SlotPool[_Slot]):
                 self._handle_one(slot, worker, msg)
 
     def _handle_one(self, slot: _Slot, worker: WorkerId, msg: object) -> None:
-        if isinstance(msg, Ready):
+        if isinstance(msg, Ready) and slot.switched_out == worker:
+            slot.ready.set()
+            self._let_go(slot)  # it loaded the old version, switched away meanwhile
+            self._slots.take_back(slot, worker)
+        elif isinstance(msg, Ready):
             replaced = slot.replacing
             self._slots.mark_ready(slot, msg.device)
             slot.ready.set()
@@ -271,14 +316,21 @@ class WorkerPool(SlotPool[_Slot]):
         log.warning("worker %s (slot %d, pid %d) holds %d MiB, over --worker-max-rss-mb %d: "
                     "replacing it between batches", worker, slot.index, slot.pid, rss // MIB,
                     self._memory.max_rss_mb)
-        asyncio.get_running_loop().remove_reader(slot.process.sentinel)
-        slot.pipe.finish(Stop())  # it exits once it reads this: no death to report
-        slot.retired, slot.process, slot.pipe = slot.process, None, None
+        self._let_go(slot)
         self._slots.replace(slot)
 
+    def _let_go(self, slot: _Slot) -> None:
+        """Tell the slot's idle process to stop, watching it no more: no death to report.
+        The slot's next start waits for it to exit (`_reap`)."""
+        if slot.process is None or slot.pipe is None:
+            return
+        asyncio.get_running_loop().remove_reader(slot.process.sentinel)
+        slot.pipe.finish(Stop())  # it exits once it reads this
+        slot.retired, slot.process, slot.pipe = slot.process, None, None
+
     async def _reap(self, slot: _Slot) -> None:
-        """Wait until the replaced process has exited, its memory freed, killing it past
-        `STOP_GRACE_S`."""
+        """Wait until the replaced or switched process has exited, its memory freed,
+        killing it past `STOP_GRACE_S`."""
         process = slot.retired
         if process is None:
             return
@@ -299,8 +351,9 @@ class WorkerPool(SlotPool[_Slot]):
         slot.retired = None
 
     def _lost(self, slot: _Slot, worker: WorkerId) -> None:
-        """The worker is gone (EOF, broken pipe or exit): report it once."""
-        if not self._slots.mark_dead(slot, worker):
+        """The worker is gone (EOF, broken pipe or exit): report it once. Not one the core
+        switched away (its exit hands the slot over: `_on_exit`)."""
+        if slot.switched_out == worker or not self._slots.mark_dead(slot, worker):
             return
         slot.held = None  # the core re-runs it, told of the death
         if slot.pipe is not None:
@@ -314,6 +367,14 @@ class WorkerPool(SlotPool[_Slot]):
 
     def _on_exit(self, slot: _Slot, worker: WorkerId) -> None:
         if slot.worker != worker:
+            return
+        if slot.switched_out == worker:  # died loading the version switched away from
+            slot.ready.set()
+            if slot.process is not None:
+                slot.process.join(timeout=1)
+            self._detach(slot)
+            slot.exited.set()
+            self._slots.take_back(slot, worker)
             return
         self._lost(slot, worker)
         assert slot.process is not None

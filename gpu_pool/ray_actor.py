@@ -7,7 +7,9 @@ itself; `gpu_pool.memory`).
 
 An actor serves one owner, a core's pool (`Owner`), which `claim`s it: the pool that
 spawned it, or, in a cell, a later core that found it alive after the earlier one died
-(its model loaded: nothing to load again). A claim waits for a batch the previous owner
+(its model loaded: nothing to load again), which takes it whichever version it holds, if
+that is one it names (a core may have switched it), and learns which from the claim's
+answer (`Claim.config`). A claim waits for a batch the previous owner
 left running, so the model never runs two batches at once; the dead owner's answer goes to
 the dead owner's call, never to a new one. A `run` or a `sentinel` call of an owner that
 has been superseded answers at once without running anything: whatever the old core left
@@ -57,15 +59,22 @@ class Owner:
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The actor is the claimer's and idle. `reused`: it was another owner's before (the
-    model loaded then, not now, unless that owner died before it was loaded)."""
+    model loaded then, not now, unless that owner died before it was loaded). `config`:
+    what it holds (its model version, `WorkerConfig.version`)."""
 
     ready: Ready
     reused: bool
+    config: WorkerConfig
 
 
 class Refused(RuntimeError):
-    """Raised by `BatchActor.claim` to a claimer older than the owner (or with another
-    model): the actor is not the claimer's."""
+    """Raised by `BatchActor.claim` to a claimer older than the owner: the actor is not
+    the claimer's."""
+
+
+class Unwanted(Refused):
+    """Raised by `BatchActor.claim` to a claimer that takes no model version the actor
+    holds: a newer core than its owner, which kills it rather than leave it to its lease."""
 
 
 class BatchActor:
@@ -100,20 +109,24 @@ class BatchActor:
         """The node and pid this actor was placed on; answers as soon as it is placed."""
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
-    def claim(self, owner: Owner, config: WorkerConfig) -> Claim:
-        """Make the actor `owner`'s, loaded and idle; raises `Refused` if it cannot be."""
-        if config != self._config:
-            raise Refused(f"this actor holds {self._config}, not {config}")
+    def claim(
+        self, owner: Owner, config: WorkerConfig, also: frozenset[WorkerConfig] = frozenset(),
+    ) -> Claim:
+        """Make the actor `owner`'s, loaded and idle, if it holds `config` or one of `also`
+        (an earlier core's may hold another version than the slot's first); raises
+        `Refused` if it cannot be."""
         with self._owned:
             if owner.incarnation < self._owner.incarnation:
                 raise Refused(f"owned by incarnation {self._owner.incarnation}")
+            if config != self._config and self._config not in also:
+                raise Unwanted(f"this actor holds {self._config}, not {config}")
             self._owner = owner
             self._renewed = time.monotonic()
             self._owned.notify_all()  # the superseded owner's sentinel answers
         ready = self._load()
         with self._running:  # a batch the superseded owner left running ends first
             pass
-        return Claim(ready, reused=owner != self._first_owner)
+        return Claim(ready, reused=owner != self._first_owner, config=self._config)
 
     def _load(self) -> Ready:
         with self._loading:  # a claim while the previous owner's load runs waits for it
@@ -204,5 +217,5 @@ def find_actors(namespace: str, slots: int) -> Found:
     return Found(newest, generations, others)
 
 
-__all__ = ["MAX_CONCURRENCY", "BatchActor", "Claim", "Found", "Owner", "Refused",
+__all__ = ["MAX_CONCURRENCY", "BatchActor", "Claim", "Found", "Owner", "Refused", "Unwanted",
            "actor_name", "find_actors", "spawn_actor"]

@@ -20,10 +20,16 @@ pool does (`Slots.replace`): a batch the core sends meanwhile waits for the new 
 are fenced by the slot's list of pending calls, which a new actor (and a replacement)
 clears: an answer from an actor no longer the slot's is dropped.
 
+A switch to another model version (`switch`, the core's decision) kills the idle actor too,
+and its slot starts an actor loading the other version, under a new worker id, once Ray has
+declared the old one dead (its sentinel call fails: its process and GPU memory are gone).
+
 In a cell (`RayPoolSettings.cell`) the actors are detached and named for the cell's slots,
 so they outlive a core that dies abruptly: the next core finds each slot's newest actor
 alive and claims it (`gpu_pool.ray_actor`), its model already loaded, instead of starting
-one; an actor that cannot be claimed within the ready timeout (the dead core's batch hangs
+one, whichever version it holds, if the pool names it (`RayPoolSettings.claimable`: the
+actor says which in its claim's answer, and `version_of` answers it); an actor that cannot
+be claimed within the ready timeout (the dead core's batch hangs
 on it) is killed and replaced. A pool that stops, drained or cancelled, kills its actors,
 so nothing is left on the cluster; an actor whose cell is gone entirely ends itself once
 its lease lapses (`RayPoolSettings.orphan_after`). Ray's driver changes this process's
@@ -35,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import errno
 import logging
 import os
 import secrets
@@ -49,9 +54,20 @@ import ray
 from anyio.abc import TaskStatus
 from ray.exceptions import RayError
 
+from gpu_pool.load import Load
 from gpu_pool.memory import MIB
 from gpu_pool.protocol import Run, WorkerId
-from gpu_pool.ray_actor import Claim, Owner, Refused, actor_name, find_actors, spawn_actor
+from gpu_pool.ray_actor import (
+    Claim,
+    Owner,
+    Refused,
+    Unwanted,
+    actor_name,
+    find_actors,
+    spawn_actor,
+)
+from gpu_pool.ray_cluster import check_reachable
+from gpu_pool.ray_cluster import lost_nodes as _lost_nodes
 from gpu_pool.ray_settings import RayPoolSettings
 from gpu_pool.seam import PoolEvents, Unstarted
 from gpu_pool.signal_guard import signals_kept
@@ -60,12 +76,10 @@ from gpu_pool.worker import WorkerConfig
 
 log = logging.getLogger("batchgate.ray_pool")
 
-CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 NODE_CHECK_S = 2.0  # the longest a death waits to be reported while its node is checked
-RAYLET_KNOCK_S = 0.5  # to connect to a dead actor's raylet; no answer in time proves nothing
-_GONE = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
 ROOM_RECHECK_S = 1.0  # how often `wait_ready` asks Ray how many workers its nodes hold
 RENEWALS_PER_LEASE = 4  # a lease is renewed this often within its length
+STOP_GRACE_S = 10.0  # the longest a switch waits for Ray to declare the old actor dead
 _PLACED = frozenset({SlotState.STARTING, SlotState.READY, SlotState.BUSY})  # holding room
 
 
@@ -74,7 +88,8 @@ class _Slot(Slot):
     node: str = "-"  # none yet: Ray has not placed it
     actor: Any = None  # the incarnation's ActorHandle
     calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
-    held: Run | None = None  # sent while the worker is replaced: the new actor's first
+    sentinel: ray.ObjectRef[Any] | None = None  # the incarnation's, once claimed
+    retired: ray.ObjectRef[Any] | None = None  # a switched actor's sentinel: fails once dead
     actors: int = 0  # the newest generation named for this slot, by this pool or earlier
     found: Any = None  # an earlier core's live actor, claimed at this slot's first start
 
@@ -92,8 +107,11 @@ class RayPool(SlotPool[_Slot]):
         self.attached = 0  # actors claimed from an earlier core, their models loaded
         self._events: PoolEvents = Unstarted()
         self._loop: asyncio.AbstractEventLoop | None = None
-        super().__init__(Slots([_Slot(i) for i in range(settings.pool.workers)],
+        loads = settings.pool.slot_loads()
+        super().__init__(Slots([_Slot(i, load=loads[i]) for i in range(settings.pool.workers)],
                                first=SlotState.PENDING, backoff=settings.pool.backoff))
+        # What an earlier core's actor may hold to be claimed; grows with every switch.
+        self._claimable = {self._config(load) for load in (*loads, *settings.claimable)}
         self._owns_ray = False
         self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
         self._suspects: set[str] = set()  # the nodes of `_dying`: is each one lost?
@@ -166,6 +184,20 @@ class RayPool(SlotPool[_Slot]):
         slot.state = SlotState.BUSY
         self._call(slot, worker, ref, self._on_reply)
 
+    def switch(self, worker: WorkerId, load: Load) -> None:
+        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): its actor is
+        killed, and once Ray says it is dead its slot starts an actor loading `load`."""
+        slot = self._slots.find(worker)
+        if slot is None:
+            return
+        idle = slot.state is SlotState.READY
+        if not self._slots.switch(slot, worker, load):
+            return
+        log.info("worker %s (slot %d) switches to %s", worker, slot.index, load.version)
+        self._claimable.add(self._config(load))
+        if idle:
+            self._let_go(slot)
+
     def kill(self, worker: WorkerId) -> None:
         """`ray.kill` the actor (hung batch) and report its death without waiting for Ray
         to declare it dead: for an actor on a node that stopped answering, that may take
@@ -199,7 +231,7 @@ class RayPool(SlotPool[_Slot]):
             ray.init(address="local", resources=self._settings.local_resources(),
                      namespace=self._namespace, include_dashboard=False)
         else:
-            _check_reachable(self._settings.address)
+            check_reachable(self._settings.address)
             ray.init(address=self._settings.address, namespace=self._namespace)
 
     def _find(self) -> None:
@@ -234,13 +266,20 @@ class RayPool(SlotPool[_Slot]):
             self._owns_ray = False
 
     # -- internals ---------------------------------------------------------------------------
+    def _config(self, load: Load) -> WorkerConfig:
+        return WorkerConfig(model=load.spec, gpu=None, threads=self._settings.threads,
+                            latency_floor=self._settings.pool.floor(load), version=load.version)
+
     async def _start(self, slot: _Slot) -> None:
+        await self._reap(slot)
+        if self._slots.stopping:
+            return
         pool = self._settings.pool
-        config = WorkerConfig(model=pool.model, gpu=None, threads=self._settings.threads,
-                              latency_floor=pool.latency_floor)
         # The core never saw a replaced worker go: it keeps its id (its actor a new name).
         replacing = slot.replacing
         worker = slot.worker if replacing else self._slots.begin(slot)
+        assert slot.load is not None  # every slot of this pool is given one
+        config = self._config(slot.load)
         actor, slot.found = slot.found, None  # an earlier core's: claimed once, at most
         if actor is None:
             slot.actors += 1
@@ -256,10 +295,15 @@ class RayPool(SlotPool[_Slot]):
             slot.state = SlotState.STARTING
             self._slots.signal_change()
             with anyio.fail_after(pool.ready_timeout):  # loading, or an old batch ending
-                claim = await actor.claim.remote(self._owner, config)
+                claim = await actor.claim.remote(self._owner, config,
+                                                 frozenset(self._claimable))
         except TimeoutError:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       pool.ready_timeout)
+            self._lost(slot, worker)
+            return
+        except Unwanted as exc:  # an earlier core's, holding a version this pool names not
+            log.error("worker %s (slot %d) holds another model: %s", worker, slot.index, exc)
             self._lost(slot, worker)
             return
         except Refused as exc:  # a later core's: not this pool's to kill
@@ -271,12 +315,20 @@ class RayPool(SlotPool[_Slot]):
             self._lost(slot, worker)
             return
         # Only once claimed: an earlier owner's sentinel might otherwise answer this one's.
-        self._call(slot, worker, actor.sentinel.remote(self._owner), self._on_sentinel)
+        slot.sentinel = actor.sentinel.remote(self._owner)
+        self._call(slot, worker, slot.sentinel, self._on_sentinel)
         self._up(slot, worker, claim)
 
     def _up(self, slot: _Slot, worker: WorkerId, claim: Claim) -> None:
         if slot.worker != worker or slot.state is not SlotState.STARTING:
             return
+        if slot.switched_out == worker:  # it loaded the version switched away meanwhile
+            self._let_go(slot)
+            self._slots.take_back(slot, worker)
+            return
+        held = claim.config
+        if slot.load is None or held != self._config(slot.load):  # an earlier core's switch
+            self._slots.holds(slot, Load(held.version, held.model, held.latency_floor))
         replaced, ready = slot.replacing, claim.ready
         self._slots.mark_ready(slot, ready.device)
         self.attached += claim.reused
@@ -348,6 +400,24 @@ class RayPool(SlotPool[_Slot]):
         slot.actor = None
         self._slots.replace(slot)
 
+    def _let_go(self, slot: _Slot) -> None:
+        """Kill the slot's actor, hearing nothing more from it (no death to report); the
+        slot's next start waits until Ray says it is dead (`_reap`)."""
+        slot.retired, slot.sentinel = slot.sentinel, None
+        slot.calls.clear()
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(slot.actor)  # idle: nothing to finish
+        slot.actor = None
+
+    async def _reap(self, slot: _Slot) -> None:
+        """Wait (`STOP_GRACE_S` at most) until the switched actor is dead: its sentinel
+        call fails then. Its node's room and GPU memory are free again."""
+        ref, slot.retired = slot.retired, None
+        if ref is None:
+            return
+        with anyio.move_on_after(STOP_GRACE_S), contextlib.suppress(Exception):
+            await asyncio.wrap_future(ref.future())  # a RayError, as it should
+
     def _on_sentinel(
         self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
     ) -> None:
@@ -363,7 +433,15 @@ class RayPool(SlotPool[_Slot]):
     def _lost(self, slot: _Slot, worker: WorkerId, *, kill: bool = True) -> None:
         """The incarnation is gone, or must go: kill it (unless another core owns it) and
         replace it; its death is reported once, after its node is checked
-        (`_report_deaths`)."""
+        (`_report_deaths`). Not one the core switched away: its slot starts the new version."""
+        if slot.switched_out == worker:
+            if kill:
+                self._let_go(slot)
+            else:  # another core's now: nothing to kill, nothing to wait for
+                slot.actor, slot.sentinel = None, None
+                slot.calls.clear()
+            self._slots.take_back(slot, worker)
+            return
         if not self._slots.mark_dead(slot, worker):
             return
         slot.held = None  # the core re-runs it, told of the death
@@ -407,50 +485,13 @@ class RayPool(SlotPool[_Slot]):
                     lost = await anyio.to_thread.run_sync(
                         _lost_nodes, suspects, abandon_on_cancel=True)
                 neighbours = [s for s in self._slots if s.node in lost and s.state in _PLACED]
+                dead = [s.worker for s in neighbours if s.switched_out != s.worker]
                 for slot in neighbours:
                     self._lost(slot, slot.worker)
-                report = checked + [s.worker for s in neighbours]
+                report = checked + dead
                 self._dying = [w for w in self._dying if w not in report]
                 for worker in report:
                     self._events.worker_died(worker)
-
-
-def _lost_nodes(suspects: set[str]) -> set[str]:
-    """The ids of the nodes Ray has declared dead, and of the `suspects` whose raylet
-    refuses a connection: a lost machine is known before Ray's verdict on it, which comes
-    only after several missed health checks (blocking: call it in a thread)."""
-    try:
-        nodes = ray.nodes()
-    except RayError:
-        return set()
-    lost = {n["NodeID"] for n in nodes if not n["Alive"]}
-    for node in nodes:
-        if node["Alive"] and node["NodeID"] in suspects and not _answers(
-                node["NodeManagerAddress"], node["NodeManagerPort"]):
-            lost.add(node["NodeID"])
-    return lost
-
-
-def _answers(host: str, port: int) -> bool:
-    """False only when the address says for sure that nothing listens there."""
-    try:
-        with socket.create_connection((host, port), timeout=RAYLET_KNOCK_S):
-            return True
-    except OSError as exc:
-        return exc.errno not in _GONE
-
-
-def _check_reachable(address: str) -> None:
-    """Fail in seconds on a head that is not there: ray.init retries a refused address for
-    about 13 minutes (measured) before it gives up."""
-    host, sep, port = address.rpartition(":")
-    if "://" in address or not sep or not port.isdigit():
-        return  # not host:port ("auto", a Ray Client address): Ray's own checks apply
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
 __all__ = ["RayPool"]

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpu_pool.load import Load
 from gpu_pool.pool import PoolSettings
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -83,7 +84,7 @@ def parse_resources(text: str) -> dict[str, float]:
 
 @dataclass(frozen=True, slots=True)
 class RayPoolSettings:
-    """The process pool's settings (model, count, latency floor, ready timeout, restart
+    """The process pool's settings (loads, count, latency floor, ready timeout, restart
     backoff), plus where the cluster is and what each actor holds."""
 
     pool: PoolSettings
@@ -92,6 +93,9 @@ class RayPoolSettings:
     namespace: str | None = None  # actors are named in it; None: the cell's, else one per pool
     cell: CellIdentity | None = None  # None: the actors die with the pool's process
     orphan_after: float = 120.0  # a cell's actor that no core has renewed this long ends
+    # Versions an earlier core's actor may hold and still be claimed with, beyond the slots'
+    # loads (the catalogue's); one holding any other is replaced.
+    claimable: tuple[Load, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.resources or any(not v > 0 for v in self.resources.values()):

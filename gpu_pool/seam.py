@@ -1,9 +1,10 @@
 """The seam between the dispatch core's owner and a pool of workers, wherever they run.
 
-A pool starts its workers, runs what it is told (`send`, `kill`) and reports what happens
-to them (`PoolEvents`: ready, reply, died). It decides nothing about batches or items: the
-core does. The process pool (`gpu_pool/pool.py`) is the first implementation; a pool of
-actors on other hosts is another.
+A pool starts its workers, runs what it is told (`send`, `kill`, `switch`) and reports what
+happens to them (`PoolEvents`: ready, reply, died). It decides nothing about batches, items
+or which version a worker should hold: the core does, and asks the pool which version each
+incarnation holds (`version_of`). The process pool (`gpu_pool/pool.py`) is the first
+implementation; a pool of actors on other hosts is another.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Protocol
 
 from anyio.abc import TaskStatus
 
+from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.protocol import Err, Ok, Run, WorkerId
 
 
@@ -51,6 +53,7 @@ class WorkerInfo:
     batches: int
     restarts: int
     node: str = "local"
+    version: str = DEFAULT_VERSION  # the version it holds, or loads (starting, switching)
 
 
 class Pool(Protocol):
@@ -75,6 +78,17 @@ class Pool(Protocol):
     def forgive(self, worker: WorkerId) -> None:
         """The death of incarnation `worker` was its input's doing (convicted as a query
         of death): it does not count against its slot's restart backoff."""
+
+    def switch(self, worker: WorkerId, load: Load) -> None:
+        """The core retires idle incarnation `worker`: its slot stops that process (its
+        memory freed) and starts a new one holding `load`, under a new id reported through
+        `worker_ready`. The retired one is never reported dead; a switch is no crash, no
+        restart, no backoff failure. If `worker` is not its slot's live, idle incarnation,
+        nothing happens (a death is, or was, reported as usual)."""
+
+    def version_of(self, worker: WorkerId) -> str | None:
+        """The version incarnation `worker` holds (or held): every incarnation the pool has
+        started, alive or dead, but the oldest long gone; None for one it does not know."""
 
     def ready_count(self) -> int: ...
 

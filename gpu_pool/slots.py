@@ -10,6 +10,18 @@ A worker over its memory bound (`gpu_pool.memory`) is replaced between batches, 
 crash: its slot starts a new process (or actor) at once, under the same `WorkerId`, since
 the core never saw the old one go (it was idle, its last answer delivered: nothing late can
 come from it); a batch the core sends meanwhile waits for the new one.
+
+A slot holds one model version (`Load`); a restart keeps it. The core switches an idle
+worker to another version (`Slots.switch`): the slot's incarnation is retired, as for a
+replacement, and once it has exited the slot starts the new version under a NEW id (the core
+took the old one out itself and learns the new one's version from its ready event: never a
+death). No crash, no failure for the backoff, no restart counted. Until the new incarnation
+is up (or dies) the slot shows as "switching" (no state of its own: it is starting, or
+pending, for a switch). A switch that finds the slot in a memory replacement (the core saw
+that worker idle) hands the replacement over: its start begins the new version, or, if its
+process already loads the old one, that one is let go as it comes up or dies
+(`switched_out`, `take_back`). Each incarnation's version is kept for `version_of`, the
+oldest dead ones pruned.
 """
 
 from __future__ import annotations
@@ -24,8 +36,12 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
-from gpu_pool.protocol import WorkerId
+from gpu_pool.load import DEFAULT_VERSION, Load
+from gpu_pool.protocol import Run, WorkerId
 from gpu_pool.seam import WorkerInfo
+
+VERSIONS_KEPT = 4096  # incarnations whose version `version_of` answers, beyond the live ones
+SWITCHING = "switching"  # what a slot in a switch shows (`WorkerInfo.state`, `state_counts`)
 
 
 class SlotState(enum.Enum):
@@ -83,11 +99,22 @@ class Slot:
     ready_at: float = 0.0  # when the incarnation came up, on the owner's clock
     counted: WorkerId | None = None  # the last incarnation whose death raised `failures`
     replacing: bool = False  # its worker is being replaced, not restarted (`Slots.replace`)
+    held: Run | None = None  # sent while the worker is replaced: the new incarnation's first
+    load: Load | None = None  # the version it holds or loads; a restart keeps it
+    switching: bool = False  # switched by the core, the new incarnation not up yet
+    switched_out: WorkerId | None = None  # retired by a switch while still being replaced
+
+    @property
+    def shown(self) -> str:
+        """The state `/admin/workers` and the gauges show."""
+        loading = self.state in (SlotState.PENDING, SlotState.STARTING)
+        return SWITCHING if self.switching and loading else self.state.value
 
     def info(self) -> WorkerInfo:
-        return WorkerInfo(id=self.worker, slot=self.index, pid=self.pid, state=self.state.value,
+        return WorkerInfo(id=self.worker, slot=self.index, pid=self.pid, state=self.shown,
                           device=self.device, batches=self.batches, restarts=self.restarts,
-                          node=self.node)
+                          node=self.node,
+                          version=self.load.version if self.load else DEFAULT_VERSION)
 
 
 S = TypeVar("S", bound=Slot)
@@ -110,12 +137,13 @@ class Slots(Generic[S]):
         self._ids = itertools.count(1)
         self._by_worker: dict[WorkerId, S] = {}
         self._stopping = False
-        self._crashes = self._replacements = 0
+        self._crashes = self._replacements = self._switches = 0
+        self._versions: dict[WorkerId, str] = {}  # every incarnation's, oldest first
         self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
         self._forgiven = anyio.Event()  # set when a slot's backoff is shortened
-        self._restart_send, self._restart_recv = anyio.create_memory_object_stream[int](
-            len(self._slots)
-        )
+        # (slot index, at once): at once for a replacement or a switch, else after the backoff
+        self._restart_send, self._restart_recv = anyio.create_memory_object_stream[
+            tuple[int, bool]](len(self._slots))
         for slot in self._slots:
             slot.state = first
 
@@ -137,8 +165,29 @@ class Slots(Generic[S]):
         """Give `slot` a new incarnation, in the first state, under a fresh id; its id."""
         worker = WorkerId(next(self._ids))
         slot.worker, slot.state, slot.device, slot.pid = worker, self._first, "-", None
+        slot.switched_out = None
         self._by_worker[worker] = slot
+        self._note_version(worker, slot.load)
         return worker
+
+    def holds(self, slot: S, load: Load) -> None:
+        """The slot's incarnation turned out to hold `load` (an actor an earlier core left,
+        perhaps switched): that is its version, and the slot's from now on."""
+        slot.load = load
+        self._note_version(slot.worker, load)
+
+    def version_of(self, worker: WorkerId) -> str | None:
+        """The version incarnation `worker` holds or held; None once pruned (or never)."""
+        return self._versions.get(worker)
+
+    def _note_version(self, worker: WorkerId, load: Load | None) -> None:
+        self._versions[worker] = load.version if load else DEFAULT_VERSION
+        live = {slot.worker for slot in self._slots}
+        while len(self._versions) > VERSIONS_KEPT + len(live):
+            oldest = next(iter(self._versions))
+            version = self._versions.pop(oldest)
+            if oldest in live:  # still a slot's: kept, as if noted now
+                self._versions[oldest] = version
 
     def forget(self, worker: WorkerId) -> None:
         """Nothing sent to `worker` reaches it any more."""
@@ -147,7 +196,7 @@ class Slots(Generic[S]):
     def mark_ready(self, slot: S, device: str) -> None:
         """The incarnation loaded its model on `device`: idle, and its run starts now."""
         slot.state, slot.device, slot.ready_at = SlotState.READY, device, self._clock()
-        slot.replacing = False
+        slot.replacing = slot.switching = False
         self.signal_change()
 
     def mark_answered(self, slot: S) -> None:
@@ -162,7 +211,7 @@ class Slots(Generic[S]):
         if slot.worker != worker or slot.state in (SlotState.DEAD, SlotState.STOPPED):
             return False
         up_for = self._clock() - slot.ready_at if slot.state.up else 0.0
-        slot.state, slot.replacing = SlotState.DEAD, False
+        slot.state, slot.replacing, slot.switching = SlotState.DEAD, False, False
         if not self._stopping:
             self._crashes += 1
         failures = self.backoff.after_exit(slot.failures, up_for)
@@ -189,7 +238,7 @@ class Slots(Generic[S]):
         if self._stopping:
             return
         slot.restarts += 1
-        self._restart_send.send_nowait(slot.index)
+        self._restart_send.send_nowait((slot.index, False))
 
     def replace(self, slot: S) -> None:
         """Have `keep_started` start `slot` again at once, its worker kept: the pool has
@@ -201,7 +250,39 @@ class Slots(Generic[S]):
         slot.state, slot.replacing = self._first, True
         self._replacements += 1
         self.signal_change()
-        self._restart_send.send_nowait(slot.index)
+        self._restart_send.send_nowait((slot.index, True))
+
+    def switch(self, slot: S, worker: WorkerId, load: Load) -> bool:
+        """The core retires idle incarnation `worker` of `slot` for `load`; whether the
+        switch is on (False: `worker` is not the slot's live, idle incarnation, or the pool
+        is stopping; nothing changed). On: `worker` is forgotten and the slot holds `load`.
+        A ready slot is started again at once (the pool lets its incarnation go first, in
+        the same turn); a slot being replaced is not (its start is under way: see the
+        module's doc). No crash, no failure for the backoff, no restart counted."""
+        if self._stopping or slot.worker != worker or slot.held is not None:
+            return False
+        if slot.state is not SlotState.READY and not slot.replacing:
+            return False
+        self.forget(worker)
+        slot.load, slot.switching = load, True
+        self._switches += 1
+        if slot.state is SlotState.READY:
+            slot.state = self._first
+            self._restart_send.send_nowait((slot.index, True))
+        else:
+            slot.replacing, slot.switched_out = False, worker
+        self.signal_change()
+        return True
+
+    def take_back(self, slot: S, worker: WorkerId) -> bool:
+        """Incarnation `worker`, switched away while being replaced, came up or died: the
+        pool has let it go, and the slot starts its new version at once. False, and
+        nothing done, if `worker` is not such an incarnation (or was already taken back)."""
+        if slot.switched_out != worker or self._stopping:
+            return False
+        slot.switched_out, slot.state = None, self._first
+        self._restart_send.send_nowait((slot.index, True))
+        return True
 
     async def keep_started(
         self, start: Callable[[S], Coroutine[Any, Any, None]], *,
@@ -214,9 +295,9 @@ class Slots(Generic[S]):
             for slot in self._slots:
                 tg.start_soon(self._start_after, start, slot, 0.0)
             task_status.started()
-            async for index in self._restart_recv:
+            async for index, at_once in self._restart_recv:
                 slot = self._slots[index]
-                delay = 0.0 if slot.replacing else self.backoff.delay(slot.failures)
+                delay = 0.0 if at_once else self.backoff.delay(slot.failures)
                 tg.start_soon(self._start_after, start, slot, delay)
 
     async def _start_after(
@@ -275,8 +356,9 @@ class Slots(Generic[S]):
     def state_counts(self) -> dict[str, int]:
         counts = {state.value: 0 for state in SlotState
                   if state is not SlotState.PENDING or self._first is SlotState.PENDING}
+        counts[SWITCHING] = 0
         for slot in self._slots:
-            counts[slot.state.value] += 1
+            counts[slot.shown] += 1
         return counts
 
     @property
@@ -287,6 +369,11 @@ class Slots(Generic[S]):
     def replacements(self) -> int:
         """Workers replaced between batches for their memory (`replace`)."""
         return self._replacements
+
+    @property
+    def switches(self) -> int:
+        """Workers switched to another version by the core (`switch`)."""
+        return self._switches
 
 
 class SlotPool(Generic[S]):
@@ -312,9 +399,16 @@ class SlotPool(Generic[S]):
     def forgive(self, worker: WorkerId) -> None:
         self._slots.forgive(worker)
 
+    def version_of(self, worker: WorkerId) -> str | None:
+        return self._slots.version_of(worker)
+
     @property
     def replacements(self) -> int:
         return self._slots.replacements
 
+    @property
+    def switches(self) -> int:
+        return self._slots.switches
 
-__all__ = ["Backoff", "Slot", "SlotPool", "SlotState", "Slots"]
+
+__all__ = ["SWITCHING", "VERSIONS_KEPT", "Backoff", "Slot", "SlotPool", "SlotState", "Slots"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpu_pool import WorkerId, WorkerInfo
+from gpu_pool import Load, WorkerId, WorkerInfo
 
 
 class ReportsWorkers:
@@ -28,3 +28,9 @@ class ReportsWorkers:
 
     def forgive(self, worker: WorkerId) -> None:
         self.__dict__.setdefault("forgiven", []).append(worker)
+
+    def version_of(self, worker: WorkerId) -> str | None:
+        return "default@v1"
+
+    def switch(self, worker: WorkerId, load: Load) -> None:
+        self.__dict__.setdefault("switched", []).append((worker, load))

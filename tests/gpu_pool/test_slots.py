@@ -160,7 +160,7 @@ def test_state_counts_show_every_state_but_pending_where_none_waits_for_room() -
     slots = make()
     up(slots, 0)
     assert slots.state_counts() == {"starting": 1, "ready": 1, "busy": 0, "dead": 0,
-                                    "stopped": 0}
+                                    "stopped": 0, "switching": 0}
 
 
 def test_state_counts_show_pending_where_workers_wait_for_room() -> None:
