@@ -54,8 +54,8 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def detect_gpus(model: str) -> int:
-    """CUDA devices torch can see; 0 for a model that uses none, or without CUDA.
+def detect_gpus(specs: list[str]) -> int:
+    """CUDA devices torch can see; 0 when no model of `specs` uses one, or without CUDA.
 
     Asked of torch in a short-lived child: importing torch here would leave a great many
     long-lived objects in the server process, and every full collection of the garbage
@@ -63,7 +63,7 @@ def detect_gpus(model: str) -> int:
     """
     from gpu_pool import uses_gpu
 
-    if not uses_gpu(model):
+    if not any(uses_gpu(spec) for spec in specs):
         return 0
     probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
@@ -130,10 +130,21 @@ def check_model_extra(settings: Settings) -> None:
     nodes)."""
     from gpu_pool import missing_extra
 
-    extra = missing_extra(settings.model) if settings.pool == "process" else None
-    if extra is not None:
-        raise ValueError(f"--model {settings.model} needs what is not installed here: "
-                         f"pip install 'batchgate[{extra}]'")
+    if settings.pool != "process":
+        return
+    for spec in model_specs(settings):
+        extra = missing_extra(spec)
+        if extra is not None:
+            raise ValueError(f"model {spec} needs what is not installed here: "
+                             f"pip install 'batchgate[{extra}]'")
+
+
+def model_specs(settings: Settings) -> list[str]:
+    """Every spec the server may load: `--model`'s, or each version's of `--models`."""
+    from api.door.service import catalogue_of
+
+    catalogue = catalogue_of(settings)
+    return [catalogue.config_of(v)[1].spec for v in catalogue.versions()]
 
 
 SECRETS_FD = "BATCHGATE_SECRETS_FD"  # the pipe a re-executed server reads its secrets from
@@ -189,7 +200,9 @@ def serve(args: argparse.Namespace) -> int:
     settings = with_ray(settings, os.environ)
     check_model_extra(settings)
     local = settings.pool == "process"  # Ray actors find their GPUs on their own nodes
-    gpus = args.gpus if args.gpus is not None else detect_gpus(settings.model) if local else 0
+    gpus = args.gpus
+    if gpus is None:
+        gpus = detect_gpus(model_specs(settings)) if local else 0
     if settings.gateways > 1:
         from api.cell import serve_cell
 

@@ -13,6 +13,7 @@
     │   Closed, DeadlineExceeded               batcher/: refused or out of time
     ├── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
     │   (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
+    ├── UnknownModel, ModelLoading (Overloaded)     failover/: no such model, or it is cold
     └── StateUnavailable (ConnectionError)          failover/state/: the store of kept
                                                    answers (--state) cannot be reached
 
@@ -60,7 +61,9 @@ ERRORS: dict[str, ErrorCode] = {
     "unsupported_media_type": ErrorCode(415, "a Content-Type other than application/json"),
     "empty_inputs": ErrorCode(422, "inputs is empty"),
     "too_many_inputs": ErrorCode(422, "inputs holds more than --max-inputs strings"),
-    "unknown_model": ErrorCode(422, "model names another model than the one served"),
+    "unknown_model": ErrorCode(422, "model names no model (or model@version) served now"),
+    "invalid_change": ErrorCode(422, "admin: the change would leave the catalogue of models "
+                                     "invalid (the message says why); nothing changed"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
     "caller_refused": ErrorCode(429, "this account's inputs (or anonymous inputs) killed "
@@ -78,6 +81,8 @@ ERRORS: dict[str, ErrorCode] = {
     "queue_full": ErrorCode(503, "the tier's queue is at its capacity"),
     "too_many_connections": ErrorCode(503, "the process holds --max-connections connections"),
     "no_healthy_worker": ErrorCode(503, "no worker is ready"),
+    "model_loading": ErrorCode(503, "the version holds no worker yet and its load ends past "
+                                    "the request's deadline: Retry-After is the load's ETA"),
     "suspect_input": ErrorCode(503, "the same input's last run stalled or killed its "
                                     "worker, and it is being judged"),
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),

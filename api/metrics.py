@@ -1,6 +1,10 @@
 """Prometheus metrics: a few counters and histograms on the hot path, and gauges read from
 each component's `statistics()` at scrape time (the components hold no metric objects).
-"""
+
+The request, queue and batch series carry `model` and `version` labels, the version that
+ran's ("topics@v2": "topics", "v2"). A request answered otherwise (refused, failed, replayed)
+carries what it named if served (a model: version ""), else "" and "": a name from the
+network never makes a series of its own."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -31,15 +35,13 @@ from batcher import FlushReason, Tier
 if TYPE_CHECKING:  # a gateway renders no gauges and never loads the dispatch core
     from failover import CoreStatistics, IdempotencyStatistics
 
-LATENCY_BUCKETS = (
-    0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 10, 30,
-)
+LATENCY_BUCKETS = (0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1,
+                   2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 100)
+LOAD_BUCKETS = (0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600)
 GC_OBSERVE_S = 1.0  # how late a collector pause may reach its histogram (`watch_gc`)
-PAUSE_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02, 0.05,
-    0.1, 0.25, 1.0,
-)
+PAUSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
+                 0.02, 0.05, 0.1, 0.25, 1.0)
 """Idle gaps and collector pauses are read against 1 and 2 ms: the buckets around them are
 close enough that a quantile interpolated inside one says how far off it is (a wide bucket
 above 2 ms reads a pause just over it as one near its top)."""
@@ -48,9 +50,19 @@ TIERS = tuple(tier.label for tier in Tier)
 REFUSALS = tuple(code for code, error in ERRORS.items() if error.status in RETRIED)
 """Every reason a client is refused for (429, 503): `batchgate_rejected_total`'s reasons."""
 USUAL_STATUSES = (200, 429, 500, 503, 504)
-"""The statuses `batchgate_requests_total` shows from start-up: a success, and what the
-server decides (client errors come and go with the clients)."""
+"""The statuses `batchgate_requests_total` shows from start-up (client errors come and go)."""
 GC_GENERATIONS = ("0", "1", "2")
+
+Labels = tuple[str, str]  # (model, version)
+NONE: Labels = ("", "")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionGauges:
+    """One version of a model at scrape time."""
+
+    depth: dict[str, int]  # lane -> items waiting
+    resident: int  # workers holding it, ready or busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,83 +75,91 @@ class Snapshot:
     tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
     idempotency: IdempotencyStatistics
     replacements: int = 0  # workers replaced between batches, over their memory bound
+    # By version key ("topics@v2"); empty: one core of no version (its depth is the core's).
+    versions: dict[str, VersionGauges] = field(default_factory=dict)
+    loads: dict[tuple[str, str], int] = field(default_factory=dict)  # (version, reason)
+    load_seconds: tuple[float, ...] = ()  # loads measured since the previous snapshot
+
+
+def split(version: str) -> Labels:
+    """A version key's labels: "topics@v2" -> ("topics", "v2")."""
+    model, _, short = version.partition("@")
+    return model, short
+
+
+def _family(kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, what: str,
+            labels: list[str], values: Iterable[tuple[Iterable[str], float]]) -> Metric:
+    family = kind(f"batchgate_{name}", what, labels=labels)
+    for names, value in values:
+        family.add_metric(list(names), value)
+    return family
 
 
 class _StatsCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
-        self._snapshot = snapshot
+    def __init__(self, snapshot: Callable[[], Snapshot],
+                 noted: Callable[[Snapshot], None]) -> None:
+        self._snapshot, self._noted = snapshot, noted
+        self._taken: Snapshot | None = None
         self._last = (time.monotonic(), 0.0)  # (when, busy seconds) at the previous scrape
 
+    def take(self) -> Snapshot:
+        """Before a scrape renders: its snapshot, noted first (the series it makes show)."""
+        self._taken = taken = self._snapshot()
+        self._noted(taken)
+        return taken
+
     def collect(self) -> Iterator[Metric]:
-        s = self._snapshot()
-        b, t = s.core.batcher, s.core.table
-        depth = GaugeMetricFamily(
-            "batchgate_queue_depth", "Items waiting, by lane", labels=["tier"]
-        )
-        for lane, n in b.depth.items():
-            depth.add_metric([lane], n)
-        yield depth
-        workers = GaugeMetricFamily("batchgate_workers", "Workers by state", labels=["state"])
-        for state, n in s.workers.items():
-            workers.add_metric([state], n)
-        yield workers
-        flush = CounterMetricFamily(
-            "batchgate_batch_flush", "Batches cut, by trigger", labels=["reason"]
-        )
-        for reason, n in b.flushes.items():
-            flush.add_metric([reason], n)
-        yield flush
+        s, self._taken = self._taken or self.take(), None
+        b, t, store = s.core.batcher, s.core.table, s.idempotency
+        yield from self._versions(s)
+        yield _family(GaugeMetricFamily, "workers", "Workers by state", ["state"],
+                      (((state,), n) for state, n in s.workers.items()))
+        yield _family(CounterMetricFamily, "batch_flush", "Batches cut, by trigger", ["reason"],
+                      (((reason,), n) for reason, n in b.flushes.items()))
         yield from self._busy(s)
-        yield CounterMetricFamily(
-            "batchgate_worker_crashes", "Worker processes that died", value=s.crashes
-        )
-        yield CounterMetricFamily(
-            "batchgate_worker_replacements",
-            "Workers replaced between batches for holding more than --worker-max-rss-mb",
-            value=s.replacements,
-        )
-        yield CounterMetricFamily(
-            "batchgate_batch_reroutes", "Batches re-routed after a crash", value=t.reroutes
-        )
-        yield CounterMetricFamily(
-            "batchgate_bisect_runs", "Extra runs spent isolating poison inputs",
-            value=t.bisect_runs,
-        )
-        yield CounterMetricFamily(
-            "batchgate_worker_hangs", "Workers killed for a hung batch",
-            value=s.core.hangs,
-        )
-        yield CounterMetricFamily(
-            "batchgate_batch_hedges", "Stalled batches re-run on another worker",
-            value=t.hedges,
-        )
-        yield CounterMetricFamily(
-            "batchgate_expired_items", "Items dropped in the queue past their deadline",
-            value=b.expired,
-        )
+        for name, what, value in (
+            ("worker_crashes", "Worker processes that died", s.crashes),
+            ("worker_replacements", "Workers replaced between batches for holding more "
+                                    "than --worker-max-rss-mb", s.replacements),
+            ("batch_reroutes", "Batches re-routed after a crash", t.reroutes),
+            ("bisect_runs", "Extra runs spent isolating poison inputs", t.bisect_runs),
+            ("worker_hangs", "Workers killed for a hung batch", s.core.hangs),
+            ("batch_hedges", "Stalled batches re-run on another worker", t.hedges),
+            ("expired_items", "Items dropped in the queue past their deadline", b.expired),
+            ("idempotency_evictions", "Idempotent answers evicted by the bounds",
+             store.evictions),
+        ):
+            yield CounterMetricFamily(f"batchgate_{name}", what, value=value)
         for name, per_tier in s.tier_gauges.items():
-            gauge = GaugeMetricFamily(f"batchgate_{name}", name.replace("_", " "),
-                                      labels=["tier"])
-            for tier, value in per_tier.items():
-                gauge.add_metric([tier], value)
-            yield gauge
-        yield GaugeMetricFamily(
-            "batchgate_batch_latency_estimate_seconds", "Measured batch latency (EWMA)",
-            value=s.core.batch_latency,
-        )
-        yield GaugeMetricFamily(
-            "batchgate_arrival_rate", "Items per second arriving (decaying average)",
-            value=b.arrival_rate,
-        )
-        store = s.idempotency
-        yield GaugeMetricFamily(
-            "batchgate_idempotency_entries", "Idempotent answers kept", value=store.entries)
-        yield GaugeMetricFamily(
-            "batchgate_idempotency_bytes", "What the kept idempotent answers cost, in bytes",
-            value=store.bytes)
-        yield CounterMetricFamily(
-            "batchgate_idempotency_evictions", "Idempotent answers evicted by the bounds",
-            value=store.evictions)
+            yield _family(GaugeMetricFamily, name, name.replace("_", " "), ["tier"],
+                          (((tier,), level) for tier, level in per_tier.items()))
+        for name, what, level in (
+            ("batch_latency_estimate_seconds", "Measured batch latency (EWMA)",
+             s.core.batch_latency),
+            ("arrival_rate", "Items per second arriving (decaying average)", b.arrival_rate),
+            ("idempotency_entries", "Idempotent answers kept", store.entries),
+            ("idempotency_bytes", "What the kept idempotent answers cost, in bytes",
+             store.bytes),
+        ):
+            yield GaugeMetricFamily(f"batchgate_{name}", what, value=level)
+
+    @staticmethod
+    def _versions(s: Snapshot) -> Iterator[Metric]:
+        """Queue depth by lane and version; each version's resident workers and loads."""
+        by = ["model", "version"]
+        depth = [((lane, *split(v)), n) for v, g in s.versions.items()
+                 for lane, n in g.depth.items()]
+        if not s.versions:  # one core of no version
+            depth = [((lane, *NONE), n) for lane, n in s.core.batcher.depth.items()]
+        yield _family(GaugeMetricFamily, "queue_depth", "Items waiting, by lane and version",
+                      ["tier", *by], depth)
+        yield _family(GaugeMetricFamily, "model_resident_workers",
+                      "Workers holding the version (ready or busy)", by,
+                      ((split(v), g.resident) for v, g in s.versions.items()))
+        yield _family(CounterMetricFamily, "model_loads",
+                      "Loads of a version onto a worker, by what asked for it",
+                      [*by, "reason"],
+                      (((*split(v), why), n) for (v, why), n in s.loads.items()))
 
     def _busy(self, s: Snapshot) -> Iterator[Metric]:
         """Busy seconds as a counter, and the busy ratio of the ready workers since the
@@ -149,15 +169,11 @@ class _StatsCollector(Collector):
         self._last = (now, busy)
         ready = s.workers.get("ready", 0) + s.workers.get("busy", 0)
         ratio = (busy - before) / ((now - then) * ready) if ready and now > then else 0.0
-        yield CounterMetricFamily(
-            "batchgate_worker_busy_seconds", "Seconds workers spent holding a batch",
-            value=busy,
-        )
-        yield GaugeMetricFamily(
-            "batchgate_worker_busy_ratio",
-            "Share of the ready workers' time spent on batches since the previous scrape",
-            value=min(1.0, ratio),
-        )
+        yield CounterMetricFamily("batchgate_worker_busy_seconds",
+                                  "Seconds workers spent holding a batch", value=busy)
+        yield GaugeMetricFamily("batchgate_worker_busy_ratio", "Share of the ready workers' "
+                                "time spent on batches since the previous scrape",
+                                value=min(1.0, ratio))
 
 
 class Metrics:
@@ -173,93 +189,135 @@ class Metrics:
             self._view = CollectorRegistry()
             MultiProcessCollector(self._view)  # type: ignore[no-untyped-call]
         r = self.registry
+        by_version = ["model", "version"]
         self.requests = Counter(
-            "batchgate_requests", "Requests answered", ["tier", "code"], registry=r
-        )
+            "batchgate_requests", "Requests answered", ["tier", "code", *by_version],
+            registry=r)
         self.duration = Histogram(
-            "batchgate_request_duration_seconds", "End-to-end request time", ["tier"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )
+            "batchgate_request_duration_seconds", "End-to-end request time",
+            ["tier", *by_version], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram(
-            "batchgate_queue_wait_seconds", "Time an item waited in its queue", ["tier"],
-            buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self.batch_size = Histogram(
-            "batchgate_batch_size", "Items per batch", buckets=BATCH_BUCKETS, registry=r
-        )
+            "batchgate_queue_wait_seconds", "Time an item waited in its queue",
+            ["tier", *by_version], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("batchgate_batch_size", "Items per batch", by_version,
+                                    buckets=BATCH_BUCKETS, registry=r)
         self.batch_duration = Histogram(
-            "batchgate_batch_duration_seconds", "Model time per batch",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self.rejected = Counter(
-            "batchgate_rejected", "Requests refused", ["tier", "reason"], registry=r
-        )
-        self.replays = Counter(
-            "batchgate_idempotent_replays", "Answers served from the idempotency store",
-            registry=r,
-        )
+            "batchgate_batch_duration_seconds", "Model time per batch", by_version,
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.load_seconds = Histogram(
+            "batchgate_model_load_seconds",
+            "Measured loads of a version onto a worker: from the switch to the worker ready",
+            buckets=LOAD_BUCKETS, registry=r)
+        self.rejected = Counter("batchgate_rejected", "Requests refused", ["tier", "reason"],
+                                registry=r)
+        self.replays = Counter("batchgate_idempotent_replays",
+                               "Answers served from the idempotency store", registry=r)
         self.resubmitted = Counter(
             "batchgate_resubmitted",
             "Jobs a gateway sent again to a restarted core (a keyless one may run twice)",
-            registry=r,
-        )
+            registry=r)
         self.state_errors = Counter(
             "batchgate_state_errors",
             "Calls to the shared state (--state) that failed; part: kept answers or limits",
-            ["part"], registry=r,
-        )
+            ["part"], registry=r)
         self.idle_gap = Histogram(
             "batchgate_worker_idle_gap_seconds",
             "From a worker's reply to its next batch, when work was waiting for it",
-            buckets=PAUSE_BUCKETS, registry=r,
-        )
+            buckets=PAUSE_BUCKETS, registry=r)
         self.gc_pause = Histogram(
             "batchgate_gc_pause_seconds", "Cyclic garbage collector pauses in this process",
-            ["generation"], buckets=PAUSE_BUCKETS, registry=r,
-        )
-
+            ["generation"], buckets=PAUSE_BUCKETS, registry=r)
         self._observe_gc: Callable[[], None] = _nothing  # the pauses noted since the last
-        # Labelled children looked up once: `labels()` costs more than the observation.
-        # Those a dashboard queries exist from start-up, at zero: a series that appears only
-        # with its first event reads as no data, and its first increase is never seen.
-        self._answered: dict[tuple[str, int], Any] = {
-            (t, s): self.requests.labels(t, str(s)) for t in TIERS for s in USUAL_STATUSES}
-        self._durations: dict[str, Any] = {t: self.duration.labels(t) for t in TIERS}
-        self._waits: dict[str, Any] = {t: self.queue_wait.labels(t) for t in TIERS}
+        self._stats: _StatsCollector | None = None
+        # Labelled children looked up once (`labels()` costs more than the observation), by
+        # the model string as it comes: only served versions and models are keys.
+        self._answered: dict[tuple[str, int, str], tuple[Any, Any]] = {}
+        self._waits: dict[tuple[str, str], Any] = {}
+        self._batches: dict[str, tuple[Any, Any]] = {}
+        self._labels: dict[str, Labels] = {"": NONE}  # served version keys, and ""
+        self._names: set[str] = set()  # served model names
+        # Those a dashboard queries exist from start-up, at zero (a series that appears with
+        # its first event reads as no data, its first increase never seen); a version's
+        # from the first scrape that knows it (`_noted`).
         for tier in TIERS:
+            for status in USUAL_STATUSES:
+                self._request_children(tier, status, "", True)
             for reason in REFUSALS:
                 self.rejected.labels(tier, reason)
         for generation in GC_GENERATIONS:
             self.gc_pause.labels(generation)
 
-    def request_done(self, tier: str, status: int, seconds: float) -> None:
-        counter = self._answered.get((tier, status))
-        if counter is None:
-            counter = self._answered[tier, status] = self.requests.labels(tier, str(status))
-        counter.inc()
-        duration = self._durations.get(tier)
-        if duration is None:
-            duration = self._durations[tier] = self.duration.labels(tier)
-        duration.observe(seconds)
+    def request_done(self, tier: str, status: int, seconds: float, model: str = "",
+                     ran: bool = True) -> None:
+        """`model`: the version that ran it ("topics@v2") when `ran`, else what the
+        request named ("topics", "topics@v2"; "": nothing)."""
+        children = self._answered.get((tier, status, model))
+        if children is None:
+            children = self._request_children(tier, status, model, ran)
+        children[0].inc()
+        children[1].observe(seconds)
 
-    def queue_waited(self, tier: str, waits: Iterable[float]) -> None:
-        """Each item's time in its queue."""
-        wait = self._waits.get(tier)
+    def queue_waited(self, tier: str, waits: Iterable[float], model: str = "") -> None:
+        """Each item's time in its queue; `model`: the version that ran them."""
+        wait = self._waits.get((tier, model))
         if wait is None:
-            wait = self._waits[tier] = self.queue_wait.labels(tier)
+            labels = self._labels_of(model, True)
+            wait = self._waits[tier, model] = self.queue_wait.labels(tier, *labels)
         for seconds in waits:
             wait.observe(seconds)
 
-    def watch(self, snapshot: Callable[[], Snapshot]) -> None:
-        self._view.register(_StatsCollector(snapshot))
-
-    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
-        self.batch_size.observe(size)
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
+                   version: str = "") -> None:
+        (self._batches.get(version) or self._batch_children(version))[0].observe(size)
         if idle_gap is not None:
             self.idle_gap.observe(idle_gap)
 
-    def batch_done(self, seconds: float) -> None:
-        self.batch_duration.observe(seconds)
+    def batch_done(self, seconds: float, version: str = "") -> None:
+        (self._batches.get(version) or self._batch_children(version))[1].observe(seconds)
+
+    def _request_children(self, tier: str, status: int, model: str, ran: bool
+                          ) -> tuple[Any, Any]:
+        labels = self._labels_of(model, ran)
+        children = (self.requests.labels(tier, str(status), *labels),
+                    self.duration.labels(tier, *labels))
+        if model in self._labels or model in self._names:  # never a name from the network
+            self._answered[tier, status, model] = children
+        return children
+
+    def _batch_children(self, version: str) -> tuple[Any, Any]:
+        labels = self._labels_of(version, True)
+        self._batches[version] = children = (self.batch_size.labels(*labels),
+                                             self.batch_duration.labels(*labels))
+        return children
+
+    def _labels_of(self, model: str, ran: bool) -> Labels:
+        """A served version's labels (one that ran is served); what a request named gets
+        a served version's, a served model's with version "", else none."""
+        labels = self._labels.get(model)
+        if labels is None and ran:
+            labels = self._labels[model] = split(model)
+            self._names.add(labels[0])
+        elif labels is None:
+            name = model.partition("@")[0]
+            labels = (name, "") if name in self._names else NONE
+        return labels
+
+    def _noted(self, s: Snapshot) -> None:
+        """What a snapshot brings: its versions' series (at zero if new), the loads timed."""
+        for version in s.versions:
+            for tier in TIERS:
+                for status in USUAL_STATUSES:
+                    self._request_children(tier, status, version, True)
+                self.queue_waited(tier, (), version)
+            self._batch_children(version)
+        for seconds in s.load_seconds:
+            self.load_seconds.observe(seconds)
+
+    def watch(self, snapshot: Callable[[], Snapshot]) -> None:
+        """Show `snapshot`'s gauges; the versions it serves have their series from now."""
+        self._noted(snapshot())
+        self._stats = _StatsCollector(snapshot, self._noted)
+        self._view.register(self._stats)
 
     def watch_gc(self) -> Callable[[], None]:
         """Time every collection of this process; returns the function that stops it. Call
@@ -268,10 +326,9 @@ class Metrics:
         A collection can begin at any allocation, inside prometheus-client's own code too.
         In multiprocess mode every value of the process shares one lock, and a pause
         observed from the collector's callback deadlocked the process whenever its
-        collection began under that lock (as when a labelled child is first made): a
-        cell's gateway hung for good, twice in about thirty benchmark starts of a cell. So the
-        callback only notes each pause, and the loop observes them every
-        `GC_OBSERVE_S` (and a scrape of this process first)."""
+        collection began under that lock (as when a labelled child is first made). So the
+        callback only notes each pause, and the loop observes them every `GC_OBSERVE_S`
+        (and a scrape of this process first)."""
         pauses = [self.gc_pause.labels(g) for g in GC_GENERATIONS]
         noted: list[tuple[int, float]] = []
         started = 0.0
@@ -310,6 +367,8 @@ class Metrics:
 
     def render(self) -> bytes:
         self._observe_gc()
+        if self._stats is not None:
+            self._stats.take()
         if self._view is self.registry:
             return generate_latest(self._view)
         with files_locked():  # a dead process's files may be being folded (`api.cell`)
@@ -338,4 +397,4 @@ def _nothing() -> None:
 
 
 __all__ = ["GC_GENERATIONS", "REFUSALS", "TIERS", "USUAL_STATUSES", "Metrics", "Snapshot",
-           "files_locked"]
+           "VersionGauges", "files_locked", "split"]

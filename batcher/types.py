@@ -81,6 +81,7 @@ class Item:
     flights: int = 0  # batches now running it (two while a stalled batch is hedged)
     done: bool = False  # answered, or failed for good: a twin batch's answer is dropped
     caller: str | None = None  # whose it is (an account), charged if it kills workers
+    version: str = ""  # the model version ("model@version") it runs on; "": the only one
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from batcher import (
     Admission,
@@ -61,6 +62,7 @@ class Send:
     run: Run
     reason: FlushReason | None
     idle_gap: float | None = None
+    version: str = ""  # the model version of the core that cut it (metrics)
 
 
 @dataclass(slots=True)
@@ -70,8 +72,10 @@ class CoreActions:
     send: list[Send] = field(default_factory=list)
     kill: list[WorkerId] = field(default_factory=list)
     settle: list[Result] = field(default_factory=list)
-    batch_seconds: list[float] = field(default_factory=list)  # model time of answered batches
+    # Model time of answered batches, with the version that ran each (metrics).
+    batch_seconds: list[tuple[float, str]] = field(default_factory=list)
     forgive: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
+    switch: list[tuple[WorkerId, str]] = field(default_factory=list)  # idle -> version key
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
@@ -79,6 +83,18 @@ class CoreActions:
         self.settle += other.settle
         self.batch_seconds += other.batch_seconds
         self.forgive += other.forgive
+        self.switch += other.switch
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What waits for one core's workers, as placement weighs it (`failover.models`)."""
+
+    queued: int  # live items, every lane
+    paid: int  # of which in the paid and retry lanes
+    oldest: float  # when the oldest was queued (inf: none)
+    oldest_deadline: float  # that item's deadline (inf: none)
+    rate: float  # items/s arriving (decaying average)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +104,30 @@ class CoreStatistics:
     hangs: int
     busy_seconds: float  # summed over workers: time each held a batch
     batch_latency: float  # admission's measured estimate
+
+    @classmethod
+    def merged(cls, parts: Sequence[CoreStatistics]) -> CoreStatistics:
+        """Several cores' statistics (one per model version) as one core's: counts add
+        up; the batch latency is the longest."""
+        def add(values: Sequence[Any]) -> Any:
+            first = values[0]
+            if isinstance(first, bool):
+                return any(values)
+            if isinstance(first, dict):
+                return {k: sum(v[k] for v in values) for k in first}
+            return sum(values)
+
+        batchers = [p.batcher for p in parts]
+        tables = [p.table for p in parts]
+        return cls(
+            batcher=BatcherStatistics(**{f.name: add([getattr(b, f.name) for b in batchers])
+                                         for f in fields(BatcherStatistics)}),
+            table=TableStatistics(**{f.name: add([getattr(t, f.name) for t in tables])
+                                     for f in fields(TableStatistics)}),
+            hangs=sum(p.hangs for p in parts),
+            busy_seconds=sum(p.busy_seconds for p in parts),
+            batch_latency=max(p.batch_latency for p in parts),
+        )
 
 
 class DispatchCore:
@@ -101,6 +141,10 @@ class DispatchCore:
         self._hangs = 0
         self._quarantine = Quarantine()
         self._offenders = Offenders()
+        # Workers on their way (a version being loaded): admission counts them while none
+        # is ready, so that a request for a cold version is queued, not refused.
+        self.arriving = 0
+        self.version = ""  # the model version it serves, for metrics ("": the only one)
 
     # -- the front door's events -----------------------------------------------------------
     def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
@@ -112,7 +156,7 @@ class DispatchCore:
         turn. Under load two workers are often idle while the trigger holds back, and a turn
         for every arrival then cost the core process more than the dispatch itself."""
         was_empty = len(self._batcher) == 0
-        self._admit(items, deadline_in, now, self._table.ready_count())
+        self._admit(items, deadline_in, now, self._table.ready_count() or self.arriving)
         return self._must_turn(was_empty, now)
 
     def admit_all(
@@ -121,7 +165,7 @@ class DispatchCore:
         """`admit` for several requests that arrived together (a gateway's frame): each
         one's refusal or None, and whether the owner must take a turn, decided once."""
         was_empty = len(self._batcher) == 0
-        ready = self._table.ready_count()
+        ready = self._table.ready_count() or self.arriving
         refusals: list[Refusal | None] = []
         start, end = 0, len(requests)
         while start < end:  # a run of one tier and one deadline at a time
@@ -191,7 +235,9 @@ class DispatchCore:
         self._batcher.drain()
 
     # -- the pool's events -----------------------------------------------------------------
-    def worker_ready(self, worker: WorkerId, now: float) -> CoreActions:
+    def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
+        """`version`: what it holds, for a core of several (`failover.models`); one
+        version's core serves whatever its workers hold."""
         self._table.worker_up(worker)
         return self._pump(now, CoreActions())
 
@@ -204,7 +250,7 @@ class DispatchCore:
             if actions.deliver and not actions.discarded:
                 chars = sum(len(item.text) for item, _ in actions.deliver)
                 self._admission.observe_batch(reply.seconds, chars)
-                out.batch_seconds.append(reply.seconds)
+                out.batch_seconds.append((reply.seconds, self.version))
         else:
             error_cls = ContractViolation if reply.kind == "contract" else ModelError
             error = error_cls(reply.error_type, reply.message)
@@ -214,6 +260,15 @@ class DispatchCore:
         self._pump(now, out, freed=(worker, at))  # the next batch first,
         out.settle += actions.deliver  # then the answers
         return out
+
+    def worker_left(self, worker: WorkerId) -> bool:
+        """Take an idle worker out (it is switched to another version): False, and nothing
+        changed, when it is busy or unknown."""
+        if not self._table.is_idle(worker):
+            return False
+        self._table.on_worker_died(worker)
+        self._table.peak_ready = self._table.ready_count()  # the version's pool shrank
+        return True
 
     def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
         self._stop_clock(worker, now)
@@ -266,6 +321,29 @@ class DispatchCore:
     def ready_count(self) -> int:
         return self._table.ready_count()
 
+    def idle_workers(self) -> list[WorkerId]:
+        return self._table.idle_workers()
+
+    def is_idle(self, worker: WorkerId) -> bool:
+        return self._table.is_idle(worker)
+
+    def finished_empty(self) -> bool:
+        """Nothing queued, nothing in flight (draining or not)."""
+        return len(self._batcher) == 0 and self._table.quiet()
+
+    def batch_latency(self) -> float:
+        return self._admission.batch_latency
+
+    def demand(self, now: float) -> Demand:
+        queues = self._batcher.queues
+        oldest = queues.oldest()
+        return Demand(
+            queued=len(queues), paid=queues.depth_through(Tier.PAID),
+            oldest=math.inf if oldest is None else oldest.enqueued,
+            oldest_deadline=math.inf if oldest is None else oldest.deadline,
+            rate=self._batcher.arrival_rate(now),
+        )
+
     def expected_wait(self, tier: Tier, now: float) -> float:
         """Admission's estimate for a new item of `tier` (seconds; inf with no worker)."""
         return self._batcher.expected_wait(tier, now, self._table.ready_count())
@@ -307,7 +385,8 @@ class DispatchCore:
                 group = table.next_group(now, self._group_may_run)
                 if group is not None:
                     self._sent_at[group.worker] = now
-                    out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None))
+                    out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None,
+                                         version=self.version))
                     continue
             if needed < 0:
                 needed = self._needed(now)
@@ -328,7 +407,8 @@ class DispatchCore:
                 item.dispatched, item.batch = now, d.batch_id
             self._sent_at[d.worker] = now
             gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
-            out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap))
+            out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap,
+                                 self.version))
         return out
 
     def _group_may_run(self, group: Group) -> bool:
@@ -351,4 +431,4 @@ class DispatchCore:
             self._busy_seconds += now - started
 
 
-__all__ = ["CoreActions", "CoreStatistics", "DispatchCore", "Refusal", "Send"]
+__all__ = ["CoreActions", "CoreStatistics", "Demand", "DispatchCore", "Refusal", "Send"]

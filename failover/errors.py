@@ -8,12 +8,15 @@
     ├── SuspectInput         core: the same input is being judged (it stalled or killed)
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
-    └── IdempotencyMismatch  idempotency: the same key came back with another body
+    ├── IdempotencyMismatch  idempotency: the same key came back with another body
+    ├── UnknownModel         models: the request names a model or version not served
+    └── ModelLoading (Overloaded)  models: the version is cold and its load ends past the
+                             request's deadline (carries a Retry-After)
 """
 
 from __future__ import annotations
 
-from batcher import BatchgateError
+from batcher import BatchgateError, Overloaded
 
 
 class WorkerCrashed(BatchgateError):
@@ -26,6 +29,19 @@ class ShuttingDown(BatchgateError):
     """Raised by `DispatchCore.abandon`: the server stopped before the item ran."""
 
     code = "shutting_down"
+
+
+class ModelLoading(Overloaded):
+    """The version a request needs holds no worker yet, and its load would end past the
+    request's deadline: Retry-After says when it should be resident."""
+
+    code = "model_loading"
+
+
+class UnknownModel(BatchgateError):
+    """The request names a model or version that is not served (or was retired)."""
+
+    code = "unknown_model"
 
 
 class QueryOfDeath(BatchgateError):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import anyio.lowlevel
@@ -26,7 +26,11 @@ from anyio.abc import TaskStatus
 
 from batcher import Clock, FlushReason, Item, Tier
 from failover.core import CoreActions, CoreStatistics, DispatchCore, Refusal
-from gpu_pool import Err, Ok, Pool, WorkerId
+from failover.errors import ModelLoading
+from gpu_pool import Err, Load, Ok, Pool, WorkerId
+
+if TYPE_CHECKING:
+    from failover.models.cores import ModelCores
 
 STALL_S = 0.1
 """A wake this much later than the owner asked for (or than its last turn, if that ran
@@ -40,17 +44,19 @@ pass reads them."""
 class CoreObserver(Protocol):
     """Told of every batch sent and answered (metrics); must be cheap and never raise."""
 
-    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
+                   version: str = "") -> None:
         ...
 
-    def batch_done(self, seconds: float) -> None: ...
+    def batch_done(self, seconds: float, version: str = "") -> None: ...
 
 
 class _Unobserved:
-    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
+                   version: str = "") -> None:
         pass
 
-    def batch_done(self, seconds: float) -> None:
+    def batch_done(self, seconds: float, version: str = "") -> None:
         pass
 
 
@@ -75,10 +81,13 @@ class CoreOwner:
     """Implements `gpu_pool.PoolEvents` for the pool it drives."""
 
     def __init__(
-        self, core: DispatchCore, pool: Pool, clock: Clock,
+        self, core: DispatchCore | ModelCores, pool: Pool, clock: Clock,
         observer: CoreObserver | None = None,
+        loads: Callable[[str], Load] | None = None,
     ) -> None:
+        """`loads`: what a worker switched to a version loads (several versions only)."""
         self._core = core
+        self._loads = loads
         self._pool = pool
         self._clock = clock
         self._observer: CoreObserver = observer or _Unobserved()
@@ -105,7 +114,12 @@ class CoreOwner:
     def admit(self, items: list[Item], deadline_in: float, now: float | None = None) -> None:
         """Queue a request's items or refuse them all (the core's errors propagate); `now`
         when the caller has just read the clock."""
-        if self._core.admit(items, deadline_in, self._clock.now() if now is None else now):
+        try:
+            turn = self._core.admit(items, deadline_in, self._clock.now() if now is None else now)
+        except ModelLoading:  # placement starts the load it waits for: take a turn
+            self._wake.set()
+            raise
+        if turn:
             self._wake.set()
 
     def admit_all(
@@ -117,9 +131,19 @@ class CoreOwner:
             self._wake.set()
         return refusals
 
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        """The version a request naming `model` runs on (raises UnknownModel); "" for a
+        core of one version."""
+        core = self._core
+        return "" if isinstance(core, DispatchCore) else core.resolve(model, sticky)
+
     def cancel(self, item: Item) -> None:
         if self._core.cancel(item):
             self._wake.set()
+
+    def poke(self) -> None:
+        """Take a turn soon: something the core decides on changed (the catalogue)."""
+        self._wake.set()
 
     def drain(self) -> None:
         """Stop admitting; `run` returns once everything queued and in flight is answered."""
@@ -189,7 +213,8 @@ class CoreOwner:
             elif isinstance(event, _Died):
                 actions.extend(core.worker_died(event.worker, now))
             else:
-                actions.extend(core.worker_ready(event.worker, now))
+                version = self._pool.version_of(event.worker) or ""
+                actions.extend(core.worker_ready(event.worker, now, version))
         actions.extend(core.poll(now))
         self._perform(actions)
 
@@ -197,13 +222,16 @@ class CoreOwner:
         observer = self._observer
         for send in actions.send:
             self._pool.send(send.worker, send.run)
-            observer.batch_sent(len(send.run.inputs), send.reason, send.idle_gap)
+            observer.batch_sent(len(send.run.inputs), send.reason, send.idle_gap, send.version)
         for worker in actions.kill:
             self._pool.kill(worker)
         for worker in actions.forgive:
             self._pool.forgive(worker)
-        for seconds in actions.batch_seconds:
-            observer.batch_done(seconds)
+        for worker, version in actions.switch:
+            assert self._loads is not None, "a switch needs the versions' loads"
+            self._pool.switch(worker, self._loads(version))
+        for seconds, version in actions.batch_seconds:
+            observer.batch_done(seconds, version)
         for item, result in actions.settle:
             item.sink.item_done(item, result)  # `Item.settle`, inlined: 100 a batch
 

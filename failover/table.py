@@ -138,6 +138,12 @@ class InFlightTable:
     def idle_count(self) -> int:
         return len(self._idle)
 
+    def is_idle(self, worker: WorkerId) -> bool:
+        return worker in self._idle
+
+    def idle_workers(self) -> list[WorkerId]:
+        return list(self._idle)
+
     def has_groups(self) -> bool:
         return bool(self._groups)
 

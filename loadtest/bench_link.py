@@ -98,7 +98,7 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
     settings = Settings(model="sim", workers=workers, queue_capacity=10_000_000,
                         ready_timeout_s=120.0)
     metrics = Metrics()
-    service, door, status = build_door(settings, KeyRing({}, frozenset(), tiers=tiers), metrics)
+    service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=tiers), metrics)
     server = LinkServer(door, service.clock, status)
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as scratch:

@@ -225,11 +225,13 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def metric(samples: Mapping[str, float], name: str, **labels: str) -> float:
-    """One sample by name and labels, in any order (a multiprocess scrape sorts them,
-    a single process keeps the declared order), e.g. reason="idle"; 0.0 if absent."""
+    """The sum of the samples named `name` whose labels include `labels`, in any order,
+    as PromQL's `sum(name{labels})` (the request, queue and batch series carry `model` and
+    `version` besides), e.g. reason="idle"; 0.0 if none."""
     want = {f'{k}="{v}"' for k, v in labels.items()}
+    total = 0.0
     for key, value in samples.items():
         base, _, rest = key.partition("{")
-        if base == name and set(filter(None, rest.rstrip("}").split(","))) == want:
-            return value
-    return 0.0
+        if base == name and want <= set(filter(None, rest.rstrip("}").split(","))):
+            total += value
+    return total

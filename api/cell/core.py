@@ -4,10 +4,11 @@ idempotency), the core's owner and the pool, serving every gateway's link.
 Started, and started again when it dies, by the cell's supervisor (`api.cell.supervisor`),
 which tells it what to do by signals: `LEAVE_SIGNAL` turns /readyz 503 on every gateway while
 they go on serving, `DRAIN_SIGNAL` (once the gateways have stopped) finishes what is queued
-and running and ends the process. SIGTERM and SIGINT, which come to it with the whole process
-group, are the supervisor's alone. It reads the supervisor's status file for what it shows of
-the cell (`/admin/workers`), and says it is up on `ready` once its workers are and its link
-listens: a gateway that connects from then on is served.
+and running and ends the process, `RELOAD_SIGNAL` re-reads the models file. SIGTERM and
+SIGINT, which come to it with the whole process group, are the supervisor's alone. It reads
+the supervisor's status file for what it shows of the cell (`/admin/workers`), and says it
+is up on `ready` once its workers are and its link listens: a gateway that connects from
+then on is served.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger("batchgate.core")
 CORE_NAME = "batchgate-core"  # its /proc/PID/comm
 LEAVE_SIGNAL = signal.SIGUSR1
 DRAIN_SIGNAL = signal.SIGUSR2
+RELOAD_SIGNAL = signal.SIGHUP  # re-read --models: the supervisor forwards its own SIGHUP
 
 
 def core_main(settings: Settings, gpus: int, link: str, status: str,
@@ -73,7 +75,7 @@ async def _serve(settings: Settings, gpus: int, link: str, status: Path,
                  ready: Connection) -> None:
     metrics = Metrics(multiprocess=True)
     keys = load_keys(settings.keys, settings.admin_key)
-    service, door, view = build_door(
+    service, door, view, models = build_door(
         settings, keys, metrics, gpus,
         cell=lambda: read_status(status))
     server = LinkServer(door, service.clock, view)
@@ -86,6 +88,7 @@ async def _serve(settings: Settings, gpus: int, link: str, status: Path,
         drain.set()
 
     loop.add_signal_handler(DRAIN_SIGNAL, drain_now)
+    loop.add_signal_handler(RELOAD_SIGNAL, models.reload)
     unwatch: Callable[[], None] | None = None
     try:
         async with anyio.create_task_group() as tg:
@@ -109,4 +112,5 @@ async def _serve(settings: Settings, gpus: int, link: str, status: Path,
     log.info("stopped")
 
 
-__all__ = ["CORE_NAME", "DRAIN_SIGNAL", "LEAVE_SIGNAL", "core_main", "read_status", "uvloop_runner"]
+__all__ = ["CORE_NAME", "DRAIN_SIGNAL", "LEAVE_SIGNAL", "RELOAD_SIGNAL", "core_main",
+           "read_status", "uvloop_runner"]

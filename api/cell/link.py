@@ -57,7 +57,7 @@ class _LinkJob(Collation):
 
 class _GatewayConnection(Framed):
     def __init__(self, door: Door, clock: Clock,
-                 calls: dict[str, Callable[[], Awaitable[Any]]],
+                 calls: dict[str, Callable[..., Awaitable[Any]]],
                  spawn: MemoryObjectSendStream[Spawn]) -> None:
         super().__init__()
         self._door, self._clock, self._calls, self._spawns = door, clock, calls, spawn
@@ -76,14 +76,14 @@ class _GatewayConnection(Framed):
         for message in messages:
             kind, rid = message[0], message[1]
             if kind == "run":
-                _, _, tier, account, key, texts, single, deadline, idempotency = message
+                _, _, tier, account, key, texts, single, deadline, idempotency, model = message
                 principal = principals.get((tier, account, key))
                 if principal is None:
                     principal = self._principal(tier, account, key)
                 if deadline <= now:
                     self._late(rid, principal.tier)
                     continue
-                job = Job(principal, texts, single, deadline - now, idempotency)
+                job = Job(principal, texts, single, deadline - now, idempotency, model)
                 if idempotency is None:
                     runs.append(_LinkJob(self, rid, job))
                 else:
@@ -95,7 +95,7 @@ class _GatewayConnection(Framed):
                     runs = []
                 self._cancel(rid)
             elif kind == "call":
-                self._spawn(self._call, rid, message[2], None)
+                self._spawn(self._call, rid, message[2:], None)
         if runs:
             self._submit(runs)
 
@@ -183,12 +183,13 @@ class _GatewayConnection(Framed):
             self._gone.discard(rid)
         self.send(outcome_message(rid, outcome))
 
-    async def _call(self, rid: int, name: str) -> None:
+    async def _call(self, rid: int, what: tuple[Any, ...]) -> None:
+        name, args = what[0], what[1:]
         call = self._calls.get(name)
         try:
             if call is None:
                 raise LookupError(f"no call named {name!r}")
-            value = await call()
+            value = await call(*args)
         except Exception as exc:  # answered: the gateway's caller gets a 503, not a wait
             log.error("the link's call %r failed", name, exc_info=exc)
             self.send(("error", rid, f"{type(exc).__name__} in {name!r}"))
@@ -248,9 +249,10 @@ class LinkServer:
 
     def __init__(self, door: Door, clock: Clock, status: StatusView) -> None:
         self._door, self._clock = door, clock
-        self._calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        self._calls: dict[str, Callable[..., Awaitable[Any]]] = {
             "ready": status.ready, "workers": status.workers,
             "metrics_text": status.metrics_text, "cell": status.cell,
+            "models": status.models,
         }
         self._server: asyncio.AbstractServer | None = None
 

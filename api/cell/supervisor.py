@@ -58,7 +58,7 @@ from typing import Any
 
 import anyio
 
-from api.cell.core import DRAIN_SIGNAL, LEAVE_SIGNAL, core_main, uvloop_runner
+from api.cell.core import DRAIN_SIGNAL, LEAVE_SIGNAL, RELOAD_SIGNAL, core_main, uvloop_runner
 from api.cell.gateways import Gateways
 from api.cell.scratch import (
     SCRATCH_PREFIX,
@@ -201,6 +201,11 @@ class CoreProcess:
         if not self._stopping:
             self._spawn()
 
+    def reload_models(self) -> None:
+        """SIGHUP: the core re-reads `--models` (the catalogue lives in the core alone)."""
+        if self.process is not None and self._up.is_set() and not self._gone.is_set():
+            _signal(self.process, RELOAD_SIGNAL)
+
     def leave(self) -> None:
         """/readyz 503 everywhere while the gateways still serve (a core that comes up
         later is told at once)."""
@@ -291,7 +296,11 @@ async def _supervise(settings: Settings, gpus: int, sock: socket.socket, scratch
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled)
-    loop.add_signal_handler(signal.SIGHUP, gateways.reload_keys)
+    def reload() -> None:  # the gateways re-read the keys, the core the models
+        gateways.reload_keys()
+        core.reload_models()
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         if not await core.start():
             log.critical("the core process exited before it was ready")

@@ -2,6 +2,7 @@
 
     with Client("http://127.0.0.1:8000", api_key="paid-demo-key", timeout=10) as client:
         outputs = client.batchstring(texts)  # any number of inputs, outputs in order
+        outputs = client.batchstring(texts, model="topics")  # outputs.model: "topics@v2"
 
 More than `max_inputs` (100) inputs go as several requests at once, collated in order. Each
 request carries an Idempotency-Key of its own, kept across its retries, so a retry never
@@ -19,7 +20,7 @@ retries, no I/O), `clients` (the I/O, blocking and async). It loads httpx and th
 library alone (a test holds it to that).
 """
 
-from api.client.answers import error_from, outputs_from, parse_retry_after
+from api.client.answers import Outputs, error_from, outputs_from, parse_retry_after
 from api.client.call import MAX_INPUTS, PATH, RetryPolicy
 from api.client.clients import AsyncClient, Client
 from api.client.errors import (
@@ -33,6 +34,7 @@ from api.client.errors import (
     HeadersTooLarge,
     IdempotencyKeyReused,
     ModelError,
+    ModelLoading,
     NoHealthyWorker,
     Overloaded,
     PayloadTooLarge,
@@ -42,6 +44,7 @@ from api.client.errors import (
     ServerError,
     Unauthorized,
     Unavailable,
+    UnknownModel,
     Unprocessable,
     UnsupportedMediaType,
 )
@@ -49,8 +52,9 @@ from api.client.errors import (
 __all__ = [
     "BY_CODE", "BY_STATUS", "MAX_INPUTS", "PATH", "RETRIED", "AsyncClient", "BadRequest",
     "BatchgateError", "Client", "ConnectionFailed", "DeadlineExceeded", "HeadersTooLarge",
-    "IdempotencyKeyReused", "ModelError", "NoHealthyWorker", "Overloaded", "PayloadTooLarge",
-    "ProtocolError", "RateLimited", "RequestTimeout", "RetryPolicy", "ServerError",
-    "Unauthorized", "Unavailable", "Unprocessable", "UnsupportedMediaType", "error_from",
-    "outputs_from", "parse_retry_after",
+    "IdempotencyKeyReused", "ModelError", "ModelLoading", "NoHealthyWorker", "Outputs",
+    "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited", "RequestTimeout",
+    "RetryPolicy", "ServerError", "Unauthorized", "Unavailable", "UnknownModel",
+    "Unprocessable", "UnsupportedMediaType", "error_from", "outputs_from",
+    "parse_retry_after",
 ]

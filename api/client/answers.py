@@ -1,5 +1,6 @@
-"""What an answer means: a 200's outputs, held to the contract; the typed error of any other
-status; and Retry-After, read as RFC 9110 says. Nothing the server sends is trusted."""
+"""What an answer means: a 200's outputs, held to the contract, and the version that ran
+them; the typed error of any other status; and Retry-After, read as RFC 9110 says. Nothing
+the server sends is trusted."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import datetime
 import email.utils
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
@@ -24,10 +25,36 @@ DELAY = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # delay-seconds, and the decimals so
 UNREADABLE = (ValueError, KeyError, TypeError, IndexError, RecursionError)
 
 
-def outputs_from(response: httpx.Response, count: int) -> list[str]:
-    """The outputs of a 200 answer to `count` inputs. Raises ProtocolError unless its body
-    is `{"outputs": [...]}` holding exactly `count` strings: one output per input is the
-    contract, and a client that collates chunks cannot tell whose output is missing."""
+class Outputs(list[str]):
+    """A call's outputs, in order (a list), and the versions that ran them."""
+
+    __slots__ = ("models",)
+
+    def __init__(self, outputs: Iterable[str] = (), models: tuple[str | None, ...] = ()
+                 ) -> None:
+        super().__init__(outputs)
+        self.models = models  # each request's version, in order; None: the server said none
+
+    @property
+    def model(self) -> str | None:
+        """The version that ran them all ("topics@v2"). None when the server did not say
+        (an older server), or when the requests of a split call ran on different versions
+        (under weights each request is placed apart): `models` has each one's."""
+        first = self.models[0] if self.models else None
+        return first if all(m == first for m in self.models) else None
+
+    @classmethod
+    def joined(cls, parts: Sequence[Outputs]) -> Outputs:
+        """The outputs of a split call's requests, collated in order."""
+        return cls([out for part in parts for out in part],
+                   tuple(model for part in parts for model in part.models))
+
+
+def outputs_from(response: httpx.Response, count: int) -> Outputs:
+    """The outputs of a 200 answer to `count` inputs, and its version. Raises ProtocolError
+    unless its body is `{"outputs": [...]}` holding exactly `count` strings (one output per
+    input is the contract, and a client that collates chunks cannot tell whose output is
+    missing), with a string `model` if any."""
     try:
         body = response.json()
     except UNREADABLE as exc:
@@ -39,7 +66,10 @@ def outputs_from(response: httpx.Response, count: int) -> list[str]:
         raise _broken(response, f"{len(outputs)} outputs for {count} inputs")
     if not all(isinstance(output, str) for output in outputs):
         raise _broken(response, "an output is not a string")
-    return outputs
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _broken(response, "the model is not a string")
+    return Outputs(outputs, (model or None,))
 
 
 def error_from(response: httpx.Response) -> BatchgateError:
@@ -96,4 +126,4 @@ def _broken(response: httpx.Response, what: str) -> ProtocolError:
     return ProtocolError(f"HTTP {status} answer breaks the protocol: {what}", status=status)
 
 
-__all__ = ["error_from", "outputs_from", "parse_retry_after"]
+__all__ = ["Outputs", "error_from", "outputs_from", "parse_retry_after"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from api.client.answers import error_from, outputs_from
+from api.client.answers import Outputs, error_from, outputs_from
 from api.client.errors import (
     RETRIED,
     BatchgateError,
@@ -74,7 +74,7 @@ class Call:
             headers["Idempotency-Key"] = self.key
         return {"json": self.body, "headers": headers, "timeout": remaining}
 
-    def answered(self, response: httpx.Response, now: float) -> list[str] | float:
+    def answered(self, response: httpx.Response, now: float) -> Outputs | float:
         """The outputs, or seconds to wait before retrying; raises the answer's error, or
         ProtocolError for an answer that breaks the contract."""
         if response.status_code == 200:

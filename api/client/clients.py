@@ -15,6 +15,7 @@ from typing import Self
 import anyio
 import httpx
 
+from api.client.answers import Outputs
 from api.client.call import MAX_INPUTS, PATH, Call, RetryPolicy, chunks
 
 
@@ -33,9 +34,10 @@ class _Base:
         self.retry, self.clock = retry or RetryPolicy(), clock
         self.rng = rng or random.Random()
 
-    def _calls(self, inputs: Sequence[str]) -> list[Call]:
+    def _calls(self, inputs: Sequence[str], model: str | None) -> list[Call]:
         deadline = self.clock() + self.timeout
-        return [Call(chunk, self.model, deadline, self.retry, self.rng, self.keyed)
+        model = self.model if model is None else model
+        return [Call(chunk, model, deadline, self.retry, self.rng, self.keyed)
                 for chunk in chunks(list(inputs), self.max_inputs)]
 
     @staticmethod
@@ -59,12 +61,13 @@ class Client(_Base):
         self._http = httpx.Client(base_url=base_url, headers=self._headers(api_key),
                                   transport=transport)
 
-    def batchstring(self, inputs: Sequence[str]) -> list[str]:
-        """One output per input, in order; raises a BatchgateError (see api.client.errors):
-        of several, the first to fail."""
-        calls, stop = self._calls(inputs), threading.Event()
+    def batchstring(self, inputs: Sequence[str], model: str | None = None) -> Outputs:
+        """One output per input, in order (`.model`: the version that ran them); raises a
+        BatchgateError (see api.client.errors): of several, the first to fail. `model`:
+        "topics" or "topics@v2" (None: the client's, else the server's first model)."""
+        calls, stop = self._calls(inputs, model), threading.Event()
         if len(calls) <= 1:
-            return [out for call in calls for out in self._run(call, stop)]
+            return Outputs.joined([self._run(call, stop) for call in calls])
         with concurrent.futures.ThreadPoolExecutor(min(len(calls), 8)) as pool:
             futures = [pool.submit(self._run, call, stop) for call in calls]
             try:
@@ -75,9 +78,9 @@ class Client(_Base):
                 for future in futures:
                     future.cancel()
                 raise
-        return [out for future in futures for out in future.result()]
+        return Outputs.joined([future.result() for future in futures])
 
-    def _run(self, call: Call, stop: threading.Event) -> list[str]:
+    def _run(self, call: Call, stop: threading.Event) -> Outputs:
         while not stop.is_set():
             try:
                 response = self._http.post(PATH, **call.request(self.clock()))
@@ -85,7 +88,7 @@ class Client(_Base):
                 wait = call.broke(exc, self.clock())
             else:
                 result = call.answered(response, self.clock())
-                if isinstance(result, list):
+                if isinstance(result, Outputs):
                     return result
                 wait = result
             if self._sleep is None:
@@ -121,13 +124,14 @@ class AsyncClient(_Base):
         self._http = httpx.AsyncClient(base_url=base_url, headers=self._headers(api_key),
                                        transport=transport)
 
-    async def batchstring(self, inputs: Sequence[str]) -> list[str]:
-        """One output per input, in order; raises a BatchgateError (see api.client.errors):
-        of several, the first to fail, never an ExceptionGroup."""
-        calls = self._calls(inputs)
+    async def batchstring(self, inputs: Sequence[str], model: str | None = None) -> Outputs:
+        """One output per input, in order (`.model`: the version that ran them); raises a
+        BatchgateError (see api.client.errors): of several, the first to fail, never an
+        ExceptionGroup. `model` as the blocking client's."""
+        calls = self._calls(inputs, model)
         if len(calls) <= 1:
-            return [out for call in calls for out in await self._run(call)]
-        results: list[list[str]] = [[] for _ in calls]
+            return Outputs.joined([await self._run(call) for call in calls])
+        results: list[Outputs] = [Outputs() for _ in calls]
         failures: list[Exception] = []
 
         async def run(i: int, scope: anyio.CancelScope) -> None:
@@ -142,9 +146,9 @@ class AsyncClient(_Base):
                 tg.start_soon(run, i, tg.cancel_scope)
         if failures:
             raise failures[0]
-        return [out for outs in results for out in outs]
+        return Outputs.joined(results)
 
-    async def _run(self, call: Call) -> list[str]:
+    async def _run(self, call: Call) -> Outputs:
         while True:
             attempt = call.request(self.clock())
             try:
@@ -154,7 +158,7 @@ class AsyncClient(_Base):
                 wait = call.broke(exc, self.clock())
             else:
                 result = call.answered(response, self.clock())
-                if isinstance(result, list):
+                if isinstance(result, Outputs):
                     return result
                 wait = result
             await self._sleep(wait)

@@ -7,16 +7,19 @@
     ├── PayloadTooLarge         413  body_too_large, input_too_large
     ├── UnsupportedMediaType    415  unsupported_media_type
     ├── HeadersTooLarge         431  headers_too_large
-    ├── Unprocessable           422  empty_inputs, too_many_inputs, unknown_model
-    │   └── IdempotencyKeyReused     idempotency_key_reused
+    ├── Unprocessable           422  empty_inputs, too_many_inputs
+    │   ├── IdempotencyKeyReused     idempotency_key_reused
+    │   └── UnknownModel             unknown_model: no such model or version served now
     ├── RateLimited             429  retried
     ├── ServerError             500  internal
     │   └── ModelError               model_error, contract_violation, query_of_death
     ├── Unavailable             503  retried
     │   ├── Overloaded               over_budget, deadline_unreachable, queue_full,
     │   │                            too_many_connections
+    │   ├── ModelLoading             model_loading: the version is loading, and Retry-After
+    │   │                            says when it should be up
     │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down,
-    │                                core_unavailable
+    │                                core_unavailable, state_unavailable
     ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
     ├── ConnectionFailed             no answer (refused, reset) after the retries
     └── ProtocolError                the answer breaks batchgate's protocol (also a ValueError)
@@ -73,6 +76,11 @@ class IdempotencyKeyReused(Unprocessable):
     pass
 
 
+class UnknownModel(Unprocessable):
+    """The model, or model@version, the call named is not served (now: the server's
+    catalogue changes while it serves)."""
+
+
 class RateLimited(BatchgateError):
     status = 429
 
@@ -91,6 +99,12 @@ class Unavailable(BatchgateError):
 
 class Overloaded(Unavailable):
     pass
+
+
+class ModelLoading(Unavailable):
+    """The version holds no worker yet and its load would end past the request's deadline;
+    `retry_after` is the load's expected end. Retried, as every 503, while the call's
+    deadline allows."""
 
 
 class NoHealthyWorker(Unavailable):
@@ -121,6 +135,8 @@ BY_STATUS: dict[int, type[BatchgateError]] = {
                           ServerError, Unavailable, DeadlineExceeded)}
 BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
+    "unknown_model": UnknownModel,
+    "model_loading": ModelLoading,
     **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
     **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
@@ -132,7 +148,7 @@ RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 __all__ = [
     "BY_CODE", "BY_STATUS", "RETRIED", "BadRequest", "BatchgateError", "ConnectionFailed",
     "DeadlineExceeded", "HeadersTooLarge", "IdempotencyKeyReused", "ModelError",
-    "NoHealthyWorker", "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited",
-    "RequestTimeout", "ServerError", "Unauthorized", "Unavailable", "Unprocessable",
-    "UnsupportedMediaType",
+    "ModelLoading", "NoHealthyWorker", "Overloaded", "PayloadTooLarge", "ProtocolError",
+    "RateLimited", "RequestTimeout", "ServerError", "Unauthorized", "Unavailable",
+    "UnknownModel", "Unprocessable", "UnsupportedMediaType",
 ]

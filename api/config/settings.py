@@ -96,6 +96,9 @@ class Settings:
     model: str = field(default="minilm", metadata=doc(
         "minilm (the real model), sim (100 ms a batch, no CPU, reverses each input), "
         "or module:function naming any batchstring"))
+    models: str | None = field(default=None, metadata=doc(
+        "a TOML catalogue of the models and versions to serve (examples/models.toml); "
+        "replaces --model, which is a catalogue of one model named default"))
     workers: int = field(default=1, metadata=doc(
         "workers, one per GPU: processes on this host (pinned with CUDA_VISIBLE_DEVICES; on "
         "the CPU the cores are split among them), or with --pool ray actors in the cluster"))

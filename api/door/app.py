@@ -19,6 +19,7 @@ from api.config import KeyRing, Settings, load_keys
 from api.door.door import Door
 from api.door.limits import RateLimiter
 from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
+from api.door.models import ModelsAdmin
 from api.door.service import Service
 from api.door.shared_limits import shared_limits
 from api.door.status import StatusView
@@ -35,6 +36,7 @@ class CoreParts(NamedTuple):
     service: Service
     door: Door
     status: StatusView
+    models: ModelsAdmin
 
 
 def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, gpus: int = 0,
@@ -47,8 +49,10 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, gpus: int = 
     shared = shared_limits(settings.state, keys.tiers, limiter, metrics, service.clock.now)
     door = Door(service.core, service.clock, limiter, service.idempotency, service.pressure,
                 metrics, shared)
-    status = StatusView(service, service.pool.ready_count, metrics, cell)
-    return CoreParts(service, door, status)
+    models = ModelsAdmin(service.models, service.clock, settings.workers, settings.models,
+                         service.core.poke)
+    status = StatusView(service, service.pool.ready_count, metrics, cell, models)
+    return CoreParts(service, door, status, models)
 
 
 def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> ASGIApp:
@@ -67,14 +71,18 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
     """The single process: the app, the service it serves, and the hot route's direct way."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
-    service, door, status = build_door(settings, keys, metrics, gpus, pool)
+    service, door, status, models = build_door(settings, keys, metrics, gpus, pool)
     routes = Routes(LocalCore(door, status), settings, keys, metrics)
     # Shared limits: the direct way's checks wait for Redis in a task of the lifespan's.
     direct = LocalRoute(routes, door) if door.shared is None else SharedLocalRoute(routes, door)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reloading = on_sighup(routes.reload_keys)
+        def reload() -> None:  # SIGHUP: the keys file, and the models file if any
+            routes.reload_keys()
+            models.reload()
+
+        reloading = on_sighup(reload)
         unwatch: Callable[[], None] | None = None
         try:
             async with anyio.create_task_group() as tg:

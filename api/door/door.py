@@ -46,6 +46,9 @@ class Core(Protocol):
 
     def cancel(self, item: Item) -> None: ...
 
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        """The version a request naming `model` runs on (raises UnknownModel)."""
+
 
 class Door:
     """Implements the routes' `run` in process; the link serves it to gateways."""
@@ -91,7 +94,7 @@ class Door:
         that moves by a few items per frame. A run of one caller's jobs takes its tokens at
         once, and the core admits a run of one tier at once; each job is still refused
         exactly as it would be alone, after the jobs before it."""
-        limiter, now = self.limiter, self.clock.now()
+        limiter, now, resolve = self.limiter, self.clock.now(), self.core.resolve
         factors: dict[Tier, float] = {}
         out: list[list[Item] | Rendered] = []
         admitting: list[tuple[list[Item], float]] = []
@@ -114,14 +117,15 @@ class Door:
                 continue
             for at in range(start, stop):
                 job = jobs[at]
-                if at >= passed:
-                    try:
+                try:
+                    if at >= passed:
                         limiter.check(principal, now, factor)
-                    except Exception as exc:
-                        out.append(self.refusal(exc, tier))
-                        continue
+                    version = resolve(job.model, job.sticky)
+                except Exception as exc:
+                    out.append(self.refusal(exc, tier))
+                    continue
                 items = self.new_items(job.texts, tier, now, job.timeout, collations[at],
-                                       principal.account)
+                                       principal.account, version)
                 where.append(len(out))
                 out.append(items)
                 admitting.append((items, job.timeout))
@@ -157,11 +161,17 @@ class Door:
             if refusal is None and timeout <= 0:
                 refusal = DeadlineExceeded("the request's deadline passed before it was "
                                            "admitted")
+            version = ""
+            if refusal is None:
+                try:
+                    version = self.core.resolve(job.model, job.sticky)
+                except Exception as exc:
+                    refusal = exc
             if refusal is not None:
                 out.append(self.refusal(refusal, tier))
                 continue
             items = self.new_items(job.texts, tier, now, timeout, collations[at],
-                                   job.principal.account)
+                                   job.principal.account, version)
             where.append(at)
             out.append(items)
             admitting.append((items, timeout))
@@ -193,16 +203,18 @@ class Door:
 
     def new_items(
         self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink,
-        caller: str | None = None,
+        caller: str | None = None, version: str = "",
     ) -> list[Item]:
-        """`caller`: the account charged if one of these inputs keeps killing workers."""
+        """`caller`: the account charged if one of these inputs keeps killing workers;
+        `version`: the model version they run on."""
         deadline = now + timeout
         ids = self._ids
         if len(texts) == 1:  # most requests
             return [Item(cast(ItemId, next(ids)), texts[0], tier, now, deadline, sink,
-                         caller=caller)]
+                         caller=caller, version=version)]
         return [
-            Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index, caller=caller)
+            Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index,
+                 caller=caller, version=version)
             for index, text in enumerate(texts)
         ]
 
@@ -217,8 +229,9 @@ class Door:
         if pending is None:
             pending = PendingRequest(len(job.texts))
         now = self.clock.now()
+        version = self.core.resolve(job.model, job.sticky)
         items = self.new_items(job.texts, job.principal.tier, now, job.timeout, pending,
-                               job.principal.account)
+                               job.principal.account, version)
         self.core.admit(items, job.timeout, now)
         if register is not None:
             register(pending)
@@ -252,12 +265,12 @@ class Door:
             item = items[0]
             return Answered(collation.outputs, (item.dispatched - item.arrived,),
                             now - item.dispatched, (item.batch,),
-                            1 + item.attempts)
+                            1 + item.attempts, item.version)
         waits = tuple(i.dispatched - i.arrived for i in items)
         batch = now - min(i.dispatched for i in items)
         batch_ids = tuple(sorted({i.batch for i in items}))
         return Answered(collation.outputs, waits, batch, batch_ids,
-                        1 + max(i.attempts for i in items))
+                        1 + max(i.attempts for i in items), items[0].version)
 
 
 __all__ = ["Core", "Door"]

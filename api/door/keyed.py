@@ -54,7 +54,7 @@ class KeptRequest(PendingRequest):
     on (`runs_on`), `landed` is called once, when the last of them lands (`failed` tells
     whether one failed instead)."""
 
-    __slots__ = ("_landed", "backstop", "failed", "running_on")
+    __slots__ = ("_landed", "backstop", "failed", "model", "running_on")
 
     def __init__(self, n: int, landed: Callable[[KeptRequest], None]) -> None:
         super().__init__(n)
@@ -62,8 +62,10 @@ class KeptRequest(PendingRequest):
         self.running_on = False
         self.failed = False  # an input failed after the request ended: nothing to keep
         self.backstop: asyncio.TimerHandle | None = None
+        self.model = ""  # the version its items ran on
 
     def item_done(self, item: Item, result: str | BaseException) -> None:
+        self.model = item.version
         if not self.finished:
             super().item_done(item, result)
             return
@@ -159,8 +161,9 @@ class KeyedPath:
                                   lambda ran: self._landed(entry, job, ran, lease))
             try:
                 answered = await self._serve(job, client, register, pending)
-                self._metrics.queue_waited(tier.label, answered.waits)
-                response = Rendered(200, answer_body(answered.outputs, job.single))
+                self._metrics.queue_waited(tier.label, answered.waits, answered.model)
+                response = Rendered(200, answer_body(answered.outputs, job.single,
+                                                     model=answered.model))
             except ClientClosed as exc:  # no answer of its own: its joiners retry, or
                 # wait for what its inputs bring if they run on
                 self._linger(entry, pending, lease)
@@ -245,7 +248,8 @@ class KeyedPath:
             if lease is not None:
                 self._release_soon(lease)
             return
-        response = StoredResponse(200, answer_body(pending.outputs, job.single))
+        response = StoredResponse(200, answer_body(pending.outputs, job.single,
+                                                   model=pending.model))
         if lease is None:
             self._store.complete(entry, response, now, keep=True)
         elif not self._soon(lambda: self._keep_landed(entry, lease, response)):

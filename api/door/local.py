@@ -161,5 +161,9 @@ class LocalCore:
     async def cell(self) -> dict[str, Any]:
         return await self._status.cell()
 
+    async def models(self, method: str, name: str | None, version: str | None,
+                     body: bytes) -> tuple[int, dict[str, Any]]:
+        return await self._status.models(method, name, version, body)
+
 
 __all__ = ["LocalCore", "LocalRoute", "SharedLocalRoute"]

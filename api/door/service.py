@@ -18,17 +18,21 @@ from anyio.abc import TaskStatus
 
 from api.config import Settings, TierPolicy
 from api.door.limits import pressure_factor
-from api.metrics import Snapshot
+from api.metrics import Snapshot, VersionGauges
 from batcher import FlushPolicy, MonotonicClock, Tier
 from failover import (
     CoreObserver,
     CoreOwner,
     CoreSettings,
+    DispatchCore,
     HangSettings,
     IdempotencyStore,
     MemoryIdempotencyStore,
     build_core,
 )
+from failover.models.catalogue import Catalogue, load_catalogue
+from failover.models.cores import ModelCores
+from failover.models.placement import REASONS, SwitchCost
 from failover.state import (
     BackedStore,
     KeptState,
@@ -39,6 +43,7 @@ from failover.state import (
 )
 from gpu_pool import (
     CellIdentity,
+    Load,
     Pool,
     PoolSettings,
     RayPoolSettings,
@@ -50,13 +55,32 @@ from gpu_pool import (
 )
 
 log = logging.getLogger("batchgate.service")
+UP = frozenset({"ready", "busy"})  # the states of a worker that serves
+LOAD_REASONS = tuple(dict.fromkeys((*REASONS, "rollout")))  # placement's, and a rollout's
 
 
 def check_core_settings(settings: Settings) -> None:
     """What only the core's packages can check (a gateway never loads them): the model
-    spec and the Ray resources. ValueError with a readable message."""
-    validate_spec(settings.model)
+    spec or the catalogue, and the Ray resources. ValueError with a readable message."""
+    catalogue_of(settings).check_fits(settings.workers)
     parse_resources(settings.ray_worker_resources)
+
+
+def catalogue_of(settings: Settings) -> Catalogue:
+    """What is served: `--models`, else the one model `--model` names (CatalogueError,
+    a ValueError, says what is wrong with a file)."""
+    if settings.models is not None:
+        return load_catalogue(settings.models)
+    return Catalogue.single(validate_spec(settings.model))
+
+
+def load_of(settings: Settings, catalogue: Catalogue, version: str) -> Load:
+    """What a worker holding `version` loads, its batches padded to the flag's floor or
+    else the spec's own."""
+    _, config = catalogue.config_of(version)
+    floor = (settings.batch_latency_ms / 1000 if settings.batch_latency_ms is not None
+             else default_latency_floor(config.spec))
+    return Load(version, config.spec, floor)
 
 
 def latency_floor(settings: Settings) -> float:
@@ -75,14 +99,16 @@ def hang_settings(settings: Settings) -> HangSettings:
                         kill_after=None if kill is None else kill / 1000)
 
 
-def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy]) -> CoreSettings:
+def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy],
+                  floor: float | None = None) -> CoreSettings:
+    """`floor`: the batch latency of the version the core serves, if not the model's."""
     policy = FlushPolicy(max_batch=settings.max_batch, max_wait=settings.max_wait_ms / 1000,
                          idle_trigger=settings.idle_trigger,
                          max_batch_chars=settings.max_batch_chars)
     return CoreSettings(
         budgets={t: p.budget_ms / 1000 for t, p in tiers.items()}, policy=policy,
         queue_capacity=settings.queue_capacity,
-        initial_latency=max(latency_floor(settings), 0.01),
+        initial_latency=max(latency_floor(settings) if floor is None else floor, 0.01),
         max_attempts=settings.max_attempts, hang=hang_settings(settings),
     )
 
@@ -95,9 +121,25 @@ class Service:
         self.settings = settings
         self.clock = MonotonicClock()
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
-        self.pool: Pool = pool or build_pool(settings, gpus)
-        core = build_core(core_settings(settings, tiers))
-        self.core = CoreOwner(core, self.pool, self.clock, observer=observer)
+        self.catalogue = catalogue = catalogue_of(settings)
+        catalogue.check_fits(settings.workers)
+
+        def make_core(version: str, serving: Catalogue) -> DispatchCore:
+            try:
+                floor: float | None = load_of(settings, serving, version).floor(None)
+            except LookupError:  # gone from the catalogue: it only drains
+                floor = None
+            return build_core(core_settings(settings, tiers, floor))
+
+        def load(version: str) -> Load:
+            return load_of(settings, self.models.catalogue, version)
+
+        self.models = ModelCores(catalogue, make_core, SwitchCost())
+        loads = tuple(load(v) for v in self.models.initial(settings.workers))
+        claimable = tuple(load(v) for v in catalogue.versions())
+        self.pool: Pool = pool or build_pool(settings, gpus, loads, claimable)
+        self.core = CoreOwner(self.models, self.pool, self.clock, observer=observer,
+                              loads=load)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
         memory = MemoryIdempotencyStore(
             ttl=settings.idempotency_ttl_s, max_entries=settings.idempotency_max_entries,
@@ -122,8 +164,8 @@ class Service:
                 raise RuntimeError(
                     f"no worker became ready within {self.settings.ready_timeout_s:.0f}s"
                 )
-            log.info("%d of %d workers ready (model %s)", ready, self.settings.workers,
-                     self.settings.model)
+            log.info("%d of %d workers ready (%s)", ready, self.settings.workers,
+                     ", ".join(self.catalogue.versions()))
             task_status.started()
 
     async def drain(self) -> None:
@@ -145,7 +187,12 @@ class Service:
         return self.core.draining
 
     def ready(self) -> bool:
-        return not (self.draining or self.leaving) and self.pool.ready_count() > 0
+        """Serving, and the version a request without `model` gets holds a worker (as
+        the pool says: the core hears of a worker a loop turn later)."""
+        if self.draining or self.leaving:
+            return False
+        version = self.models.first_version()
+        return any(w.version == version and w.state in UP for w in self.pool.workers())
 
     def leave(self) -> None:
         """Shutdown was asked for: say not-ready at once, while still serving (the drain
@@ -156,6 +203,8 @@ class Service:
         return self.pool.workers()
 
     def snapshot(self) -> Snapshot:
+        """What a scrape shows; the loads measured since the previous one are handed over
+        (taken from the cores, so each is observed once)."""
         gauges: dict[str, dict[str, float]] = {
             "estimated_wait_seconds": {},
             "admission_factor": {},
@@ -165,6 +214,12 @@ class Service:
             wait = self.core.expected_wait(tier)
             gauges["estimated_wait_seconds"][name] = wait if wait != float("inf") else -1.0
             gauges["admission_factor"][name] = pressure_factor(self.pressure(tier))
+        models = self.models
+        by_version = models.statistics_by_version(self.clock.now())
+        loads = {(version, why): 0 for version in by_version for why in LOAD_REASONS}
+        loads.update(models.loads)
+        measured = tuple(models.load_seconds)
+        models.load_seconds.clear()
         return Snapshot(
             core=self.core.statistics(),
             workers=self.pool.state_counts(),
@@ -173,6 +228,11 @@ class Service:
             replacements=getattr(self.pool, "replacements", 0),
             tier_gauges=gauges,
             idempotency=self.idempotency.statistics(),
+            versions={version: VersionGauges(dict(stats.batcher.depth),
+                                             stats.table.idle + stats.table.busy)
+                      for version, stats in by_version.items()},
+            loads=loads,
+            load_seconds=measured,
         )
 
 
@@ -201,12 +261,15 @@ def build_state(settings: Settings, environ: Mapping[str, str] = os.environ
     return None
 
 
-def build_pool(settings: Settings, gpus: int) -> Pool:
+def build_pool(settings: Settings, gpus: int, loads: tuple[Load, ...] = (),
+               claimable: tuple[Load, ...] = ()) -> Pool:
     """The process pool, or with `--pool ray` the Ray pool (its module imports Ray, so only
-    then)."""
+    then); `loads`: what each slot starts with (none: `--model` on every one); `claimable`:
+    the versions a Ray cell's restarted core takes over from live actors."""
     base = PoolSettings(
         model=settings.model,
         workers=settings.workers,
+        loads=loads,
         latency_floor=latency_floor(settings),
         gpus=gpus,
         ready_timeout=settings.ready_timeout_s,
@@ -220,7 +283,7 @@ def build_pool(settings: Settings, gpus: int) -> Pool:
     resources = parse_resources(settings.ray_worker_resources)
     cell = CellIdentity.from_env(os.environ)  # None outside a cell: actors die with the process
     return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources,
-                                   cell=cell))
+                                   cell=cell, claimable=claimable))
 
 
 __all__ = ["Service", "build_pool", "build_state", "check_core_settings", "core_settings",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
+from api.door.models import ModelsAdmin
 from api.metrics import Metrics
 from gpu_pool import WorkerInfo
 
@@ -27,14 +28,26 @@ class Running(Protocol):
 
 class StatusView:
     def __init__(self, service: Running, ready_count: Callable[[], int], metrics: Metrics,
-                 cell: Callable[[], dict[str, Any]] | None = None) -> None:
+                 cell: Callable[[], dict[str, Any]] | None = None,
+                 models: ModelsAdmin | None = None) -> None:
         self._service, self._ready_count = service, ready_count
-        self._metrics, self._cell = metrics, cell
+        self._metrics, self._cell, self._models = metrics, cell, models
 
     async def ready(self) -> dict[str, object]:
+        """Ready while the first model's serving version holds a worker; each version's
+        state beside it."""
         service = self._service
-        return {"ready": service.ready(), "workers_ready": self._ready_count(),
-                "draining": service.draining or service.leaving}
+        body: dict[str, object] = {"ready": service.ready(), "workers_ready": self._ready_count(),
+                                   "draining": service.draining or service.leaving}
+        if self._models is not None:
+            body["models"] = self._models.states()
+        return body
+
+    async def models(self, method: str, name: str | None, version: str | None,
+                     body: bytes) -> tuple[int, dict[str, Any]]:
+        """The admin API of the catalogue (`api.door.models`)."""
+        assert self._models is not None, "no catalogue is served here"
+        return self._models.call(method, name, version, body)
 
     async def workers(self) -> list[dict[str, Any]]:
         """Plain records: they cross the link to gateways, which never load the pool."""

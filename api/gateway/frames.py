@@ -9,11 +9,13 @@ dataclass calls back into Python for every object, and that cost the core proces
 per job than admitting it. Nothing that crosses names a class of the core's packages, so a
 gateway unpickles without loading them.
 
-Gateway -> core: ("run", rid, tier, account, key, texts, single, deadline, idempotency),
-("cancel", rid), ("call", rid, name). A job's deadline is when its time runs out on
+Gateway -> core: ("run", rid, tier, account, key, texts, single, deadline, idempotency,
+model),
+("cancel", rid), ("call", rid, name, *args). A job's deadline is when its time runs out on
 `HOST_CLOCK`, counted from when the gateway sent it: a core that reads it late (stopped, a
 long turn) gives it only the time it has left, as a single process would have.
-Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts) for an `Answered`,
+Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts, model) for an
+`Answered`,
 ("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a call's
 value, ("error", rid, message) for a call that failed.
 """
@@ -47,13 +49,13 @@ def run_message(rid: int, job: Job, now: float | None = None) -> Message:
     p = job.principal
     sent = HOST_CLOCK() if now is None else now
     return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single,
-            sent + job.timeout, job.idempotency)
+            sent + job.timeout, job.idempotency, job.model)
 
 
 def outcome_message(rid: int, outcome: Outcome) -> Message:
     if isinstance(outcome, Answered):
         return ("ok", rid, outcome.outputs, outcome.waits, outcome.batch, outcome.batch_ids,
-                outcome.attempts)
+                outcome.attempts, outcome.model)
     return ("no", rid, outcome.status, outcome.body, outcome.headers)
 
 

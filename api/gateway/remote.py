@@ -240,8 +240,10 @@ class RemoteCore:
         if self._conn is not None and self._conn.transport is not None:
             self._conn.transport.close()
 
-    async def _call(self, name: str, within: float | None = None) -> Any:
-        """The core's answer to call `name`, given `within` seconds (`CALL_TIMEOUT_S`)."""
+    async def _call(self, name: str, within: float | None = None, args: tuple[Any, ...] = ()
+                    ) -> Any:
+        """The core's answer to call `name` with `args` (plain values), given `within`
+        seconds (`CALL_TIMEOUT_S`)."""
         limit = CALL_TIMEOUT_S if within is None else within
         conn = self._conn
         if conn is None or conn.transport is None:
@@ -249,7 +251,7 @@ class RemoteCore:
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.calls[rid] = future
-        conn.send(("call", rid, name))
+        conn.send(("call", rid, name, *args))
         try:
             return await asyncio.wait_for(future, limit)
         except TimeoutError:
@@ -275,6 +277,11 @@ class RemoteCore:
     async def metrics_text(self) -> bytes:
         result: bytes = await self._call("metrics_text")
         return result
+
+    async def models(self, method: str, name: str | None, version: str | None,
+                     body: bytes) -> tuple[int, dict[str, Any]]:
+        status, value = await self._call("models", args=(method, name, version, body))
+        return status, value
 
 
 class RemoteRoute(DirectRoute):

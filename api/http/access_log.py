@@ -49,6 +49,7 @@ class Served:
     batch_ids: tuple[int, ...] | None  # the batches that answered it (None unless run)
     attempts: int | None  # runs of its most-run item (2 or more: a worker died under it)
     replayed: bool  # served from the idempotency store
+    model: str | None = None  # the version that answered it ("topics@v2"; None unless a 200)
 
 
 def iso_ms(wall: float) -> str:
@@ -82,7 +83,7 @@ def record(served: Served, stamp: Callable[[float], str] = iso_ms) -> str:
         "status": served.status, "code": served.code, "latency_ms": served.latency_ms,
         "queue_ms": served.queue_ms, "batch_ms": served.batch_ms,
         "batch_ids": served.batch_ids, "attempts": served.attempts,
-        "replayed": served.replayed,
+        "replayed": served.replayed, "model": served.model,
     }).decode()
 
 
@@ -116,16 +117,16 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
         rid: str | None = None, code: str | None = None) -> Served:
     """The record of a `POST /v1/batchstring`: its `outcome` and the id its answer carries
     (`rid`), or the `code` of the error it was answered with instead."""
-    status, answered, replayed = 200, None, False
+    status, answered, replayed, model = 200, None, False, None
     if code is not None:
         status = ERRORS[code].status
     elif isinstance(outcome, Answered):
-        answered = outcome
+        answered, model = outcome, outcome.model or None
     elif outcome is not None:  # rendered by the door: a refusal, an error or a kept answer
         status = outcome.status
         replayed = any(name.lower() == REPLAYED for name, _ in outcome.headers)
         if status == 200:
-            rid = _id_of(outcome.body)
+            rid, model = _id_of(outcome.body), _model_of(outcome.body)
         else:
             code = _code_of(outcome.body)
     # Milliseconds to 0.01 and 0.1 by hand: `round(x, n)` costs three times as much.
@@ -136,7 +137,7 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
         int(answered.queue * 10_000 + 0.5) / 10 if answered else None,
         int(answered.batch * 10_000 + 0.5) / 10 if answered else None,
         answered.batch_ids if answered else None, answered.attempts if answered else None,
-        replayed)
+        replayed, model)
 
 
 def with_access_log(app: ASGIApp, log: AccessLog, keys: Callable[[], KeyRing]) -> ASGIApp:
@@ -209,6 +210,18 @@ def _id_of(body: bytes) -> str | None:
     head = b'{"id":"'
     end = body.find(b'"', len(head))
     return body[len(head):end].decode() if body.startswith(head) and end > 0 else None
+
+
+def _model_of(body: bytes) -> str | None:
+    """The version of a kept answer, its body's last field (`api.http.jobs.answer_body`):
+    read without parsing the outputs before it (a quote inside a string is escaped, so
+    the field's opening cannot appear in one)."""
+    opening = b',"model":"'
+    at = body.rfind(opening)
+    if at < 0 or not body.endswith(b'"}'):
+        return None
+    model = body[at + len(opening):-2]
+    return model.decode() if model and b'"' not in model else None
 
 
 __all__ = ["AccessLog", "Served", "hot", "record", "with_access_log"]

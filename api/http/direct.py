@@ -148,13 +148,16 @@ class DirectRoute:
                 return
             if call.client_left:  # counted and logged as ASGI's way does, not written
                 elapsed = time.perf_counter() - call.started
-                self.routes.record_later(tier, 499, elapsed, ())
+                self.routes.record_later(tier, 499, elapsed, (), job.model or "")
                 if self.access_log is not None:
                     self.access_log.put(hot(job.principal, elapsed, code="client_closed"))
                 return
-            waits = outcome.waits if isinstance(outcome, Answered) else ()
+            if isinstance(outcome, Answered):
+                waits, model = outcome.waits, outcome.model
+            else:
+                waits, model = (), job.model or ""
             response, rid = render(outcome, job.single)
-            elapsed = self._write(call, response, tier, waits)
+            elapsed = self._write(call, response, tier, waits, model)
             if self.access_log is not None:
                 self.access_log.put(hot(job.principal, elapsed, outcome, rid))
         except Exception as exc:
@@ -167,13 +170,14 @@ class DirectRoute:
                 principal: Principal | None) -> None:
         err = to_api_error(exc)  # logs what it does not know
         if not call.response_started:
+            model = (call.job.model or "") if call.job is not None else ""
             elapsed = self._write(call, error_response(err.code, err.message, err.headers),
-                                  tier, ())
+                                  tier, (), model)
             if self.access_log is not None:
                 self.access_log.put(hot(principal, elapsed, code=err.code))
 
     def _write(self, call: DirectCall, response: Response, tier: str,
-               waits: tuple[float, ...]) -> float:
+               waits: tuple[float, ...], model: str = "") -> float:
         """The whole answer in one write, as uvicorn would frame it; then the connection
         goes on as after any answer (keep-alive, or the next pipelined request), read again
         once the client has taken it (`api.http.backpressure`). Returns the seconds the
@@ -197,7 +201,7 @@ class DirectRoute:
             if not call.keep_alive:
                 transport.close()
             conn.on_response_complete()
-        self.routes.record_later(tier, response.status_code, elapsed, waits)
+        self.routes.record_later(tier, response.status_code, elapsed, waits, model)
         return elapsed
 
 

@@ -22,6 +22,13 @@ class Job(NamedTuple):
     single: bool  # {"input": s} rather than {"inputs": [...]}
     timeout: float  # seconds
     idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
+    model: str | None = None  # as the request names it: "topics", "topics@v2"; None: first
+
+    @property
+    def sticky(self) -> str | None:
+        """What pins a weighted choice of version: the Idempotency-Key, so a retry, a
+        replay and a re-route of the request run on the same version."""
+        return None if self.idempotency is None else self.idempotency[0]
 
 
 class Answered(NamedTuple):
@@ -32,6 +39,7 @@ class Answered(NamedTuple):
     batch: float  # seconds from the first item's dispatch to the answer
     batch_ids: tuple[int, ...] = ()  # the batches that answered it
     attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
+    model: str = ""  # the version that ran it ("topics@v2")
 
     @property
     def queue(self) -> float:
@@ -54,12 +62,14 @@ def answer_id() -> str:
     return os.urandom(8).hex()
 
 
-def answer_body(outputs: list[str], single: bool, rid: str | None = None) -> bytes:
-    """The body of an answer the core ran, under `rid` (a new id if none is given)."""
+def answer_body(outputs: list[str], single: bool, rid: str | None = None,
+                model: str = "") -> bytes:
+    """The body of an answer the core ran, under `rid` (a new id if none is given), with
+    the version that ran it."""
     rid = rid or answer_id()
     if single:
-        return orjson.dumps({"id": rid, "output": outputs[0]})
-    return orjson.dumps({"id": rid, "outputs": outputs})
+        return orjson.dumps({"id": rid, "output": outputs[0], "model": model})
+    return orjson.dumps({"id": rid, "outputs": outputs, "model": model})
 
 
 def rendered(err: ApiError) -> Rendered:

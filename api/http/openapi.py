@@ -4,8 +4,8 @@ Nothing here is written twice: the request schema's limits come from the running
 settings (the same `Limits` that `parse_body` applies), the error codes per status from
 `api/errors.ERRORS`, the worker record from `WORKER_FIELDS` (held to `WorkerInfo` by a
 test). A test sends every example through `parse_body`, and schemathesis holds the live
-server to the document.
-"""
+server to the document. Which models are served changes while serving, and a gateway never
+knows: the document names none."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from api.errors import ERRORS
-from api.http.parsing import MIN_TIMEOUT_MS, Limits
+from api.http.parsing import MIN_TIMEOUT_MS, MODEL_NAME, Limits
 from api.http.routes import MAX_IDEMPOTENCY_KEY
 
 JsonObject = dict[str, Any]
 ERROR_REF = "#/components/schemas/Error"
 JSON = "application/json"
+ADMIN_ONLY = frozenset({"invalid_change"})  # codes only the admin API answers
+NAME = MODEL_NAME.pattern.partition("(")[0]  # a model's or a version's name
+VERSION_STATES = ["resident", "loading", "cold", "retired"]
 
 REQUEST_EXAMPLES: dict[str, JsonObject] = {
     "one": {"summary": "one input", "value": {"input": "The striker scored twice"}},
@@ -31,8 +34,9 @@ REQUEST_EXAMPLES: dict[str, JsonObject] = {
              "value": {"inputs": ["Heavy rain is forecast", "Shares fell sharply"]}},
 }
 ANSWER_EXAMPLES: dict[str, JsonObject] = {
-    "one": {"value": {"id": "3159b9d8d7ae4279", "output": "sports"}},
-    "many": {"value": {"id": "f2572be43b88a77a", "outputs": ["weather", "business"]}},
+    "one": {"value": {"id": "3159b9d8d7ae4279", "output": "sports", "model": "default@v1"}},
+    "many": {"value": {"id": "f2572be43b88a77a", "outputs": ["weather", "business"],
+                       "model": "default@v1"}},
 }
 
 
@@ -50,12 +54,16 @@ def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
             "/readyz": {"get": _readyz()},
             "/metrics": {"get": _metrics()},
             "/admin/workers": {"get": _admin_workers()},
+            "/admin/models": {"get": _admin_models()},
+            "/admin/models/{name}": {"put": _admin_change()},
+            "/admin/models/{name}/versions/{version}": {"delete": _admin_retire()},
             "/openapi.json": {"get": _get("this document", {"type": "object"})},
             "/docs": {"get": _docs()},
         },
         "components": {
             "schemas": {"Request": _request(limits), "Answer": _answer(),
-                        "Error": _error(sorted(ERRORS)), "Worker": _worker()},
+                        "Error": _error(sorted(ERRORS)), "Worker": _worker(),
+                        "Models": _models(), "ModelChange": _model_change()},
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer",
                            "description": "an API key from the keys file: its tier and account"},
@@ -119,7 +127,7 @@ def _batchstring() -> JsonObject:
         "content": {JSON: {"schema": {"$ref": "#/components/schemas/Answer"},
                            "examples": ANSWER_EXAMPLES}}}}
     for status in statuses:
-        responses[str(status)] = _error_response(status)
+        responses[str(status)] = _error_response(status, hot=True)
     return {
         "operationId": "batchstring",
         "summary": "Run the model on one input or up to --max-inputs inputs",
@@ -144,15 +152,19 @@ def _batchstring() -> JsonObject:
     }
 
 
-def _error_response(status: int) -> JsonObject:
-    codes = {c: e for c, e in ERRORS.items() if e.status == status}
+def _error_response(status: int, hot: bool = False,
+                    only: tuple[str, ...] | None = None) -> JsonObject:
+    """`hot`: the answer of `POST /v1/batchstring` (every code of `status` but the admin
+    API's, and its headers); else the codes `only` names."""
+    codes = {c: e for c, e in ERRORS.items() if e.status == status
+             and (c not in ADMIN_ONLY if hot else only is None or c in only)}
     headers = {"Server-Timing": _header_ref("Server-Timing"),
-               "Idempotent-Replayed": _header_ref("Idempotent-Replayed")}
-    if status in (429, 503):
+               "Idempotent-Replayed": _header_ref("Idempotent-Replayed")} if hot else {}
+    if hot and status in (429, 503):
         headers["Retry-After"] = _header_ref("Retry-After")
     return {
         "description": "; ".join(f"`{c}`: {e.when}" for c, e in codes.items()),
-        "headers": headers,
+        **({"headers": headers} if headers else {}),
         "content": {JSON: {
             "schema": {"allOf": [{"$ref": ERROR_REF}, _object({"error": _object(
                 {"code": {"type": "string", "enum": list(codes)}, "message": _str()})})]},
@@ -163,8 +175,14 @@ def _error_response(status: int) -> JsonObject:
 
 def _request(limits: Limits) -> JsonObject:
     text = {"type": "string", "maxLength": limits.max_input_chars}
-    model = {"type": "string", "enum": [limits.model],
-             "description": "must name the served model"}
+    model = {"type": "string", "pattern": f"^{MODEL_NAME.pattern}$",
+             "description": "a model of the catalogue (its weighted choice, sticky per "
+                            "Idempotency-Key, or its default), or model@version; without "
+                            "it, the catalogue's first model (`--model` serves one, "
+                            "`default`). One not served now: 422 unknown_model; one still "
+                            "loading past the deadline: 503 model_loading (GET /readyz "
+                            "lists them)",
+             "examples": ["default", "topics", "topics@v2"]}
     return {
         "description": f"exactly one of input and inputs; the body is at most "
                      f"{limits.max_body_bytes} bytes",
@@ -178,9 +196,13 @@ def _request(limits: Limits) -> JsonObject:
 
 
 def _answer() -> JsonObject:
-    return {"oneOf": [_object({"id": _str(), "output": _str()}, ["id", "output"]),
-                      _object({"id": _str(), "outputs": {"type": "array", "items": _str()}},
-                              ["id", "outputs"])]}
+    model = {"type": "string", "pattern": f"^{MODEL_NAME.pattern}$",
+             "description": "the version that ran it, model@version (`default@v1` with "
+                            "`--model`)"}
+    return {"oneOf": [_object({"id": _str(), "output": _str(), "model": model},
+                              ["id", "output", "model"]),
+                      _object({"id": _str(), "outputs": {"type": "array", "items": _str()},
+                               "model": model}, ["id", "outputs", "model"])]}
 
 
 def _error(codes: list[str]) -> JsonObject:
@@ -190,11 +212,11 @@ def _error(codes: list[str]) -> JsonObject:
 
 WORKER_FIELDS: dict[str, type | tuple[type, None]] = {
     "id": int, "slot": int, "pid": (int, None), "state": str, "device": str, "batches": int,
-    "restarts": int, "node": str,
+    "restarts": int, "node": str, "version": str,
 }
 """`gpu_pool.WorkerInfo` as `/admin/workers` shows it, written out: a gateway serves this
 document without loading the pool. A test holds it to the dataclass's fields."""
-WORKER_STATES = ["pending", "starting", "ready", "busy", "dead", "stopped"]
+WORKER_STATES = ["pending", "starting", "switching", "ready", "busy", "dead", "stopped"]
 # "pending": a Ray actor waiting for a node with room (`--pool ray`)
 
 
@@ -211,10 +233,16 @@ def _worker() -> JsonObject:
 
 
 def _readyz() -> JsonObject:
+    states = {"type": "object", "propertyNames": {"pattern": f"^{MODEL_NAME.pattern}$"},
+              "additionalProperties": {"type": "string", "enum": VERSION_STATES},
+              "description": "each version the core holds, model@version, by its state",
+              "examples": [{"default@v1": "resident"}]}
     body = _object({"ready": {"type": "boolean"}, "workers_ready": {"type": "integer"},
-                    "draining": {"type": "boolean"}}, ["ready", "workers_ready", "draining"])
-    ok = _get("at least one worker is ready and the server is not draining", body)
-    ok["responses"]["503"] = {"description": "no worker ready, or draining",
+                    "draining": {"type": "boolean"}, "models": states},
+                   ["ready", "workers_ready", "draining"])
+    ok = _get("a worker holds the version a request without `model` gets, and the server "
+              "is not draining", body)
+    ok["responses"]["503"] = {"description": "no such worker, or draining",
                               "content": {JSON: {"schema": body}}}
     return ok
 
@@ -250,11 +278,100 @@ def _admin_workers() -> JsonObject:
                              "description": "the core process of a cell, which its "
                                             "supervisor restarts; null in a single process"}},
                    ["workers", "gateways", "core"])
-    out = _get("each worker of the pool, and a cell's gateway and core processes", body)
+    return _admin("each worker of the pool, and a cell's gateway and core processes", body)
+
+
+MODELS_REF = {"$ref": "#/components/schemas/Models"}
+MODELS_EXAMPLE = {"models": [{
+    "name": "topics", "default": "v2", "serving_default": "v1", "weights": {},
+    "min_workers": 1, "max_workers": 4, "idle_unload_s": 600.0, "versions": [
+        {"version": "v1", "spec": "minilm", "state": "resident", "resident_workers": 2,
+         "loading": 0, "queued": 3, "load_s": 4.2, "load_s_hint": None},
+        {"version": "v2", "spec": "mypkg.topics_v2:batchstring", "state": "loading",
+         "resident_workers": 0, "loading": 1, "queued": 0, "load_s": None,
+         "load_s_hint": 40.0}]}]}
+
+
+def _models() -> JsonObject:
+    maybe = {"type": ["number", "null"]}
+    version = _object({
+        "version": _str(), "spec": _str(),
+        "state": {"type": "string", "enum": VERSION_STATES},
+        "resident_workers": {"type": "integer"}, "loading": {"type": "integer"},
+        "queued": {"type": "integer"},
+        "load_s": {**maybe, "description": "measured load time (null: none yet)"},
+        "load_s_hint": {**maybe, "description": "the catalogue's hint"}},
+        ["version", "spec", "state", "resident_workers", "loading", "queued", "load_s",
+         "load_s_hint"])
+    model = _object({
+        "name": _str(), "default": _str(),
+        "serving_default": {"type": ["string", "null"], "description": "the version a "
+                            "request without @version gets now: the old default until a "
+                            "new one is resident (or the rollout timeout passed)"},
+        "weights": {"type": "object", "additionalProperties": {"type": "integer"}},
+        "min_workers": {"type": "integer"}, "max_workers": {"type": ["integer", "null"]},
+        "idle_unload_s": {"type": "number"}, "versions": {"type": "array", "items": version}},
+        ["name", "default", "serving_default", "weights", "min_workers", "max_workers",
+         "idle_unload_s", "versions"])
+    return _object({"models": {"type": "array", "items": model}}, ["models"])
+
+
+def _model_change() -> JsonObject:
+    out = _object({
+        "default": {"type": "string", "pattern": f"^{NAME}$",
+                    "description": "a live version of the model: takes traffic once as "
+                                   "warm as the old one"},
+        "weights": {"type": "object", "additionalProperties": {"type": "integer",
+                    "minimum": 0}, "propertyNames": {"pattern": f"^{NAME}$"},
+                    "description": "percent per live version, adding up to 100; {} "
+                                   "removes them"},
+        "min_workers": {"type": "integer", "minimum": 0},
+        "max_workers": {"type": "integer", "minimum": 1}})
+    return {**out, "minProperties": 1, "additionalProperties": False,
+            "description": "the settings to change; the others stay as they are"}
+
+
+def _admin(what: str, body: JsonObject, codes: dict[int, tuple[str, ...]] | None = None,
+           example: JsonObject | None = None, path: tuple[str, ...] = ()) -> JsonObject:
+    """An admin operation answering `body`, or the errors of `codes` (status -> codes);
+    `path`: its path parameters (a model's name, a version's)."""
+    out = _get(what, body)
+    if path:
+        out["parameters"] = [{"name": name, "in": "path", "required": True, "schema": _str(),
+                              "description": f"the {'model' if name == 'name' else name}",
+                              "examples": {"one": {"value": "topics" if name == "name"
+                                                   else "v1"}}} for name in path]
+    if example is not None:
+        out["responses"]["200"]["content"][JSON]["examples"] = {"one": {"value": example}}
     out["security"] = [{"adminKey": []}]
-    out["responses"]["401"] = {"description": "no admin key",
-                               "content": {JSON: {"schema": {"$ref": ERROR_REF}}}}
+    for status, only in {401: ("unauthorized",), **(codes or {})}.items():
+        out["responses"][str(status)] = _error_response(status, only=only)
     return out
+
+
+def _admin_models() -> JsonObject:
+    return _admin("each model and version: state, workers, queue, load time, weights",
+                  MODELS_REF, example=MODELS_EXAMPLE)
+
+
+def _admin_change() -> JsonObject:
+    out = _admin("change a model's default, weights or worker bounds (only versions the "
+                 "catalogue names; a change that leaves it invalid changes nothing)",
+                 MODELS_REF, {400: ("invalid_request",), 404: ("not_found",),
+                              413: ("body_too_large",), 422: ("invalid_change",)},
+                 path=("name",))
+    out["requestBody"] = {"required": True, "content": {JSON: {
+        "schema": {"$ref": "#/components/schemas/ModelChange"},
+        "examples": {"rollout": {"summary": "a new default", "value": {"default": "v2"}},
+                     "canary": {"summary": "a split",
+                                "value": {"weights": {"v1": 90, "v2": 10}}}}}}}
+    return out
+
+
+def _admin_retire() -> JsonObject:
+    return _admin("retire a version: no new requests, its queue finishes, then it is "
+                  "unloaded (never the default)", MODELS_REF,
+                  {404: ("not_found",), 422: ("invalid_change",)}, path=("name", "version"))
 
 
 def _get(what: str, schema: JsonObject) -> JsonObject:

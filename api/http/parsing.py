@@ -9,19 +9,23 @@ import orjson
 
 from api.errors import ApiError
 
+MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}(@[A-Za-z0-9_.-]{1,64})?")
+"""`model` as a request names it: a model of the catalogue, or model@version. Which ones
+are served is the core's to say (a gateway holds no catalogue)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_inputs: int
     max_input_chars: int
     max_body_bytes: int
-    model: str
 
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     texts: list[str]
     single: bool  # {"input": s} rather than {"inputs": [...]}
+    model: str | None = None  # as named; None: the catalogue's first model
 
 
 def parse_body(body: bytes, limits: Limits) -> ParsedRequest:
@@ -36,8 +40,9 @@ def parse_body(body: bytes, limits: Limits) -> ParsedRequest:
     if model is not None:
         if not isinstance(model, str):
             raise ApiError("invalid_request", "'model' must be a string")
-        if model != limits.model:
-            raise ApiError("unknown_model", f"this server runs model {limits.model!r}")
+        if MODEL_NAME.fullmatch(model) is None:
+            raise ApiError("unknown_model", "'model' names a model, or model@version, of "
+                                            "letters, digits, '_', '.' and '-'")
     if ("input" in data) == ("inputs" in data):
         raise ApiError("invalid_request", "give exactly one of 'input' or 'inputs'")
     if "input" in data:
@@ -45,7 +50,7 @@ def parse_body(body: bytes, limits: Limits) -> ParsedRequest:
         if not isinstance(text, str):
             raise ApiError("invalid_request", "'input' must be a string")
         _check_length(text, limits)
-        return ParsedRequest([text], single=True)
+        return ParsedRequest([text], True, model)
     texts = data["inputs"]
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ApiError("invalid_request", "'inputs' must be a list of strings")
@@ -56,7 +61,7 @@ def parse_body(body: bytes, limits: Limits) -> ParsedRequest:
         )
     for text in texts:
         _check_length(text, limits)
-    return ParsedRequest(texts, single=False)
+    return ParsedRequest(texts, False, model)
 
 
 def _check_length(text: str, limits: Limits) -> None:
@@ -85,4 +90,4 @@ def parse_timeout(header: str | None, default: float, maximum: float) -> float:
     return min(ms / 1000, maximum)
 
 
-__all__ = ["MIN_TIMEOUT_MS", "Limits", "ParsedRequest", "parse_body", "parse_timeout"]
+__all__ = ["MIN_TIMEOUT_MS", "MODEL_NAME", "Limits", "ParsedRequest", "parse_body", "parse_timeout"]

@@ -46,6 +46,9 @@ class CoreView(Protocol):
 
     async def cell(self) -> dict[str, Any]: ...
 
+    async def models(self, method: str, name: str | None, version: str | None,
+                     body: bytes) -> tuple[int, dict[str, Any]]: ...
+
 
 class Routes:
     def __init__(self, core: CoreView, settings: Settings, keys: KeyRing,
@@ -59,7 +62,7 @@ class Routes:
         # from here); None: the log is off.
         self.access_log = AccessLog.of(settings)
         s = settings
-        self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes, s.model)
+        self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes)
 
     def reload_keys(self) -> None:
         """SIGHUP: read the keys file again. A file that fails to load leaves the keys as
@@ -78,13 +81,15 @@ class Routes:
         principal: Principal | None = None
         outcome: Outcome | None = None
         rid = code = None
+        model = ""  # what the request named, or the version that ran it (metrics)
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.label
             job = await self._job(request, principal)
+            model = job.model or ""
             outcome = await self.core.run(job, request)
             if isinstance(outcome, Answered):
-                waits = outcome.waits
+                waits, model = outcome.waits, outcome.model
             response, rid = render(outcome, job.single)
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
@@ -92,16 +97,17 @@ class Routes:
         elapsed = time.perf_counter() - started
         if not isinstance(response, JsonAnswer):  # errors and replays: the total only
             response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
-        self.record_later(tier, response.status_code, elapsed, waits)
+        self.record_later(tier, response.status_code, elapsed, waits, model)
         if self.access_log is not None:
             self.access_log.put(hot(principal, elapsed, outcome, rid, code))
         return response
 
-    def _record(self, tier: str, status: int, elapsed: float,
-                waits: tuple[float, ...]) -> None:
-        self.metrics.request_done(tier, status, elapsed)
-        if waits:
-            self.metrics.queue_waited(tier, waits)
+    def _record(self, tier: str, status: int, elapsed: float, waits: tuple[float, ...],
+                model: str) -> None:
+        ran = bool(waits)  # only an answer the core ran has waits
+        self.metrics.request_done(tier, status, elapsed, model, ran)
+        if ran:
+            self.metrics.queue_waited(tier, waits, model)
 
     async def _job(self, request: HttpCall, principal: Principal) -> Job:
         key = self.check_head(principal, request.headers)
@@ -134,14 +140,16 @@ class Routes:
             self.settings.max_request_timeout_ms / 1000,
         )
         idempotency = None if key is None else (key, hashlib.sha256(body).digest())
-        return Job(principal, parsed.texts, parsed.single, timeout, idempotency)
+        return Job(principal, parsed.texts, parsed.single, timeout, idempotency, parsed.model)
 
     def record_later(self, tier: str, status: int, elapsed: float,
-                     waits: tuple[float, ...]) -> None:
+                     waits: tuple[float, ...], model: str = "") -> None:
         """Counted once every answer woken with this one is written: a batch's hundred
-        answers wake together, and each one's bookkeeping would delay the next."""
+        answers wake together, and each one's bookkeeping would delay the next. `model`:
+        with `waits` (an answer the core ran), the version that ran it ("topics@v2"); else
+        what the request named ("": nothing, or not read yet)."""
         asyncio.get_running_loop().call_soon(
-            self._record, tier, status, elapsed, waits, context=QUIET)
+            self._record, tier, status, elapsed, waits, model, context=QUIET)
 
     async def healthz(self, request: Request) -> Response:
         body: dict[str, object] = {"status": "ok"}
@@ -165,13 +173,27 @@ class Routes:
         return Response(orjson.dumps(body), media_type=JSON)
 
 
+    async def admin_models(self, request: Request) -> Response:
+        """GET /admin/models, PUT /admin/models/{name},
+        DELETE /admin/models/{name}/versions/{version}: the core answers."""
+        if not self.keys.is_admin(request.headers.get("authorization")):
+            return error_response("unauthorized", "an admin key is required")
+        params = request.path_params
+        body = await request.body() if request.method == "PUT" else b""
+        if len(body) > self.limits.max_body_bytes:
+            return error_response("body_too_large", "the body is too large")
+        status, value = await self.core.models(request.method, params.get("name"),
+                                               params.get("version"), body)
+        return Response(orjson.dumps(value), status_code=status, media_type=JSON)
+
+
 def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
     """The answer to `outcome`, and the id it gives an answer the core ran (the access log
     writes it); a rendered outcome's body is the door's, as it is."""
     if isinstance(outcome, Answered):
         timing = f"queue;dur={outcome.queue * 1000:.1f}, batch;dur={outcome.batch * 1000:.1f}"
         rid = answer_id()
-        return JsonAnswer(answer_body(outcome.outputs, single, rid), timing), rid
+        return JsonAnswer(answer_body(outcome.outputs, single, rid, outcome.model), timing), rid
     return Response(outcome.body, status_code=outcome.status, media_type=JSON,
                     headers=dict(outcome.headers)), None
 

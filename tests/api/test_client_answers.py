@@ -99,7 +99,7 @@ def test_one_failing_request_of_a_split_call_raises_its_own_error_alone(kind: st
 def test_a_split_call_whose_requests_all_fail_raises_one_of_them_alone(kind: str) -> None:
     with pytest.raises(c.BatchgateError) as caught:
         run(kind, lambda r: refuse(422, "unknown_model"), [f"t{i}" for i in range(250)])
-    assert type(caught.value) is c.Unprocessable
+    assert type(caught.value) is c.UnknownModel
 
 
 def test_a_split_call_raises_a_broken_answer_of_one_request_alone() -> None:

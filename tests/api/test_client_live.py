@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from api.client import Client, Overloaded
-from loadtest.server import RunningServer, fetch_metrics, metric, running_server
+from loadtest.server import RunningServer, fetch_metrics, running_server
+from tests.api.metric_samples import total
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parents[2]
@@ -45,7 +46,7 @@ def busy_worker(srv: RunningServer) -> int:
 def queued(srv: RunningServer, tier: str) -> None:
     """Returns once an item of `tier` waits in the queue; polls the server, bounded."""
     for _ in range(500):
-        if metric(fetch_metrics(srv.url), "batchgate_queue_depth", tier=tier) >= 1:
+        if total(fetch_metrics(srv.url), "batchgate_queue_depth", tier=tier) >= 1:
             return
         time.sleep(0.01)
     raise AssertionError(f"nothing of tier {tier} was queued")
@@ -66,7 +67,7 @@ def test_a_refused_call_is_retried_after_retry_after_until_admitted() -> None:
         assert time.monotonic() - started >= 1.0  # it waited for Retry-After at least once
         occupy.join(timeout=10)
         waiting.join(timeout=10)
-        refused = metric(fetch_metrics(srv.url), "batchgate_rejected_total",
+        refused = total(fetch_metrics(srv.url), "batchgate_rejected_total",
                          reason="over_budget", tier="free")
         assert refused >= 2
 
@@ -85,5 +86,5 @@ def test_a_call_whose_worker_dies_is_retried_on_another(tmp_path: Path) -> None:
         thread.join(timeout=20)
         assert result == [["rovivrus"]]
         m = fetch_metrics(srv.url)
-        assert metric(m, "batchgate_worker_crashes_total") == 1
-        assert metric(m, "batchgate_requests_total", tier="paid", code="503") == 1
+        assert total(m, "batchgate_worker_crashes_total") == 1
+        assert total(m, "batchgate_requests_total", tier="paid", code="503") == 1

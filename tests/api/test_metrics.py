@@ -14,7 +14,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from api.metrics import REFUSALS, Metrics
+from api.metrics import REFUSALS, Metrics, VersionGauges
+from tests.api.metrics_snapshots import snapshot
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).parents[2]
@@ -54,7 +55,7 @@ def test_a_collection_inside_the_multiprocess_lock_does_not_deadlock(tmp_path: P
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert sum(float(line.split()[-1]) for line in lines if line.startswith(PAUSES)) > 0
-    assert 'batchgate_requests_total{code="499",tier="paid"} 1.0' in lines
+    assert 'batchgate_requests_total{code="499",model="",tier="paid",version=""} 1.0' in lines
 
 
 async def test_pauses_reach_the_histogram_without_a_scrape() -> None:
@@ -87,20 +88,25 @@ def test_every_labelled_series_the_dashboard_queries_exists_from_start_up() -> N
     lines = Metrics().render().decode().splitlines()
     for wanted in ('batchgate_rejected_total{reason="over_budget",tier="free"} 0.0',
                    'batchgate_rejected_total{reason="rate_limited",tier="paid"} 0.0',
-                   'batchgate_requests_total{code="200",tier="paid"} 0.0',
-                   'batchgate_requests_total{code="503",tier="free"} 0.0',
-                   'batchgate_request_duration_seconds_count{tier="free"} 0.0',
-                   'batchgate_queue_wait_seconds_count{tier="paid"} 0.0',
+                   'batchgate_requests_total{code="200",model="",tier="paid",version=""} 0.0',
+                   'batchgate_requests_total{code="503",model="",tier="free",version=""} 0.0',
+                   'batchgate_request_duration_seconds_count{model="",tier="free",version=""}'
+                   ' 0.0',
+                   'batchgate_model_load_seconds_count 0.0',
                    'batchgate_gc_pause_seconds_count{generation="0"} 0.0'):
         assert wanted in lines
 
 
 def test_every_series_of_its_own_the_dashboard_queries_is_there_before_any_event() -> None:
-    """The counters and histograms the dashboard reads, not the gauges read at scrape time."""
+    """The counters and histograms the dashboard reads, not the gauges read at scrape time;
+    a served version's from the moment the metrics watch what serves it."""
     dashboard = json.loads((ROOT / "examples/grafana/batchgate.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
     wanted = {name for e in exprs for name in re.findall(r"\bbatchgate_[a-z0-9_]+", e)}
-    families = list(Metrics().registry.collect())
+    metrics = Metrics()
+    metrics.watch(lambda: snapshot(versions={"default@v1": VersionGauges({"paid": 0}, 1)},
+                                   loads={("default@v1", "cold"): 0}))
+    families = list(metrics.registry.collect())
     own = {w for w in wanted for f in families if w == f.name or w.startswith(f.name + "_")}
     present = {sample.name for f in families for sample in f.samples}
     assert len(own) >= 10 and own - present == set()
@@ -124,7 +130,7 @@ def test_a_cell_renders_each_series_once_whatever_its_processes(tmp_path: Path) 
     run("gateway")
     lines = run("core")
     assert 'batchgate_rejected_total{reason="over_budget",tier="free"} 0.0' in lines
-    assert 'batchgate_requests_total{code="200",tier="paid"} 2.0' in lines
+    assert 'batchgate_requests_total{code="200",model="",tier="paid",version=""} 2.0' in lines
     assert len(lines) == len(set(lines))
 
 

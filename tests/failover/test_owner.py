@@ -177,10 +177,11 @@ class Observer:
     sent: list[tuple[int, FlushReason | None, float | None]] = field(default_factory=list)
     done: list[float] = field(default_factory=list)
 
-    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None) -> None:
+    def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
+                   version: str = "") -> None:
         self.sent.append((size, reason, idle_gap))
 
-    def batch_done(self, seconds: float) -> None:
+    def batch_done(self, seconds: float, version: str = "") -> None:
         self.done.append(seconds)
 
 

@@ -87,7 +87,7 @@ async def core(
     monkeypatch.setenv("BATCHGATE_TEST_COUNT_FILE", str(ran))  # the spawned worker's
     settings = Settings(model="tests.models:counting", workers=1, ready_timeout_s=120,
                         batch_latency_ms=BATCH_S * 1000, max_wait_ms=1)
-    service, door, status = build_door(settings, KeyRing({}, frozenset(), tiers=limits),
+    service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=limits),
                                        Metrics())
     server = LinkServer(door, service.clock, status)
     path = str(tmp_path / "link.sock")
@@ -348,7 +348,8 @@ async def test_a_gateway_s_direct_way_answers_each_request_with_its_own_output(
         assert sorted(ran.read_text().split()) == sorted(texts)
         assert not remote.jobs
         await until(lambda: metrics.registry.get_sample_value(
-            "batchgate_requests_total", {"tier": "paid", "code": "200"}) == len(texts))
+            "batchgate_requests_total",
+            {"tier": "paid", "code": "200", "model": "default", "version": "v1"}) == len(texts))
 
 
 async def test_a_gateway_s_direct_call_whose_client_leaves_is_withdrawn_and_counted(
@@ -372,7 +373,8 @@ async def test_a_gateway_s_direct_call_whose_client_leaves_is_withdrawn_and_coun
         assert ran.read_text().split() == ["first"]
         assert not remote.jobs
         await until(lambda: metrics.registry.get_sample_value(
-            "batchgate_requests_total", {"tier": "paid", "code": "499"}) == 1)
+            "batchgate_requests_total",
+            {"tier": "paid", "code": "499", "model": "", "version": ""}) == 1)
 
 
 async def test_a_gateway_s_direct_call_gets_a_503_when_the_core_goes(

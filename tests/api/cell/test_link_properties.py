@@ -212,7 +212,7 @@ async def cell(status: Callable[[], dict[str, Any]] | None = None
     drains, which ends only once every job it took is answered or withdrawn."""
     pool, metrics = HeldPool(2), Metrics()
     settings = Settings(model="sim", workers=2, max_wait_ms=1, batch_latency_ms=1)
-    service, door, status = build_door(settings, KeyRing({}, frozenset(), tiers=tiers()),
+    service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=tiers()),
                                        metrics, pool=pool, cell=status)
     server = LinkServer(door, service.clock, status)
     with tempfile.TemporaryDirectory() as folder:

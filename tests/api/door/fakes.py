@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from api.config import DEFAULT_TIERS, Principal
 from api.http import Collation, Job
 from batcher import BatchgateError, Item, Tier
+from gpu_pool import DEFAULT_VERSION as ONE_VERSION
 from gpu_pool import Ok, PoolEvents, Run, WorkerId
 from tests.fake_pools import ReportsWorkers
 
@@ -168,6 +169,9 @@ class QueueCore:
                 refusals.append(exc)
         return refusals
 
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        return ONE_VERSION
+
     def cancel(self, item: Item) -> None:
         if any(queued is item for queued in self.queued):
             self.queued = [queued for queued in self.queued if queued is not item]
@@ -237,6 +241,9 @@ class BatchCore:
 
     def admit(self, items: list[Item], deadline_in: float, now: float) -> None:
         self.queued += items
+
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        return ONE_VERSION
 
     def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float
                   ) -> list[BatchgateError | None]:

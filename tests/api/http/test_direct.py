@@ -37,7 +37,8 @@ class Recorded:
         self.limits = SimpleNamespace(max_body_bytes=LIMIT)
         self.recorded: list[int] = []
 
-    def record_later(self, tier: str, status: int, elapsed: float, waits: Any) -> None:
+    def record_later(self, tier: str, status: int, elapsed: float, waits: Any,
+                     model: str = "") -> None:
         self.recorded.append(status)
 
 

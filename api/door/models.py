@@ -1,0 +1,123 @@
+"""The catalogue of models changed while serving, in the core's process: the admin API
+(`GET /admin/models`, `PUT /admin/models/{name}`, `DELETE
+/admin/models/{name}/versions/{version}`) and SIGHUP's re-read of `--models`.
+
+Every change makes a new catalogue, checked as a file is, and hands it to the cores at
+once; a change that would leave it invalid changes nothing and says why. Only versions the
+catalogue names can be loaded: nothing here takes a spec (a module path) from the network.
+Answers are `(status, body)` pairs of plain values: in a cell they cross the link.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+
+from api.errors import ERRORS
+from batcher import Clock
+from failover.models.catalogue import Catalogue, CatalogueError, load_catalogue
+from failover.models.cores import ModelCores
+
+log = logging.getLogger("batchgate.models")
+
+Answer = tuple[int, dict[str, Any]]
+SETTINGS = ("default", "weights", "min_workers", "max_workers")  # what PUT may change
+
+
+class ModelsAdmin:
+    def __init__(self, cores: ModelCores, clock: Clock, workers: int,
+                 path: str | None, changed: Any) -> None:
+        """`path`: the catalogue file SIGHUP re-reads (None: `--model`, nothing to read);
+        `changed()`: wake the core's owner, so that placement sees the change at once."""
+        self._cores, self._clock, self._workers = cores, clock, workers
+        self._path, self._changed = path, changed
+
+    def view(self) -> dict[str, Any]:
+        """Each model's settings, and each version's state, workers and queue."""
+        cores = self._cores
+        states = {s.version: s for s in cores.versions(self._clock.now())}
+        models = []
+        for name, model in cores.catalogue.models.items():
+            versions = []
+            for short, config in model.versions.items():
+                state = states.get(f"{name}@{short}")
+                versions.append({
+                    "version": short, "spec": config.spec,
+                    "state": "retired" if config.retired else
+                    (state.state if state is not None else "cold"),
+                    "resident_workers": state.resident if state else 0,
+                    "loading": state.loading if state else 0,
+                    "queued": state.queued if state else 0,
+                    "load_s": state.load_s if state else None,
+                    "load_s_hint": config.load_s,
+                })
+            models.append({
+                "name": name, "default": model.default,
+                "serving_default": cores.serving_default(name),
+                "weights": dict(model.weights), "min_workers": model.min_workers,
+                "max_workers": model.max_workers, "idle_unload_s": model.idle_unload_s,
+                "versions": versions,
+            })
+        return {"models": models}
+
+    def states(self) -> dict[str, str]:
+        """Each live version's state, for /readyz."""
+        return {s.version: s.state for s in self._cores.versions(self._clock.now())}
+
+    def call(self, method: str, name: str | None, version: str | None, body: bytes
+             ) -> Answer:
+        """One admin request, routed by method and path parts."""
+        try:
+            if method == "GET":
+                return 200, self.view()
+            if method == "PUT" and name is not None and version is None:
+                return self._apply(self._put(name, body))
+            if method == "DELETE" and name is not None and version is not None:
+                return self._apply(self._cores.catalogue.retire(name, version))
+        except CatalogueError as exc:
+            return _refuse("invalid_change", str(exc))
+        except LookupError as exc:
+            return _refuse("not_found", str(exc.args[0] if exc.args else exc))
+        except ValueError as exc:
+            return _refuse("invalid_request", str(exc))
+        return _refuse("method_not_allowed", f"{method} is not taken here")
+
+    def _put(self, name: str, body: bytes) -> Catalogue:
+        try:
+            data = orjson.loads(body or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict) or not set(data) <= set(SETTINGS) or not data:
+            raise ValueError(f"the body is an object of one or more of {', '.join(SETTINGS)}")
+        return self._cores.catalogue.with_settings(name, **data)
+
+    def _apply(self, catalogue: Catalogue) -> Answer:
+        catalogue.check_fits(self._workers)
+        self._cores.set_catalogue(catalogue, self._clock.now())
+        self._changed()
+        return 200, self.view()
+
+    def reload(self) -> None:
+        """SIGHUP: serve the file as it is now; one that fails to load changes nothing."""
+        if self._path is None:
+            return
+        try:
+            catalogue = load_catalogue(self._path)
+            catalogue.check_fits(self._workers)
+        except (CatalogueError, OSError) as exc:
+            log.error("the models file %s was not reloaded, nothing changed: %s",
+                      self._path, exc)
+            return
+        self._cores.set_catalogue(catalogue, self._clock.now())
+        self._changed()
+        log.info("models reloaded from %s: %s", self._path,
+                 ", ".join(catalogue.versions()))
+
+
+def _refuse(code: str, message: str) -> Answer:
+    return ERRORS[code].status, {"error": {"code": code, "message": message}}
+
+
+__all__ = ["ModelsAdmin"]
