@@ -183,19 +183,6 @@ class WorkerPool(SlotPool[_Slot]):
             log.warning("killing worker %s (pid %s)", worker, slot.process.pid)
             slot.process.kill()
 
-    def switch(self, worker: WorkerId, load: Load) -> None:
-        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): it is told to stop,
-        and once it has exited its slot starts a process loading `load` under a new id."""
-        slot = self._slots.find(worker)
-        if slot is None:
-            return
-        idle = slot.state is SlotState.READY
-        if not self._slots.switch(slot, worker, load):
-            return
-        log.info("worker %s (slot %d) switches to %s", worker, slot.index, load.version)
-        if idle:
-            self._let_go(slot)
-
     @property
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process and s.process.pid]

@@ -184,19 +184,11 @@ class RayPool(SlotPool[_Slot]):
         slot.state = SlotState.BUSY
         self._call(slot, worker, ref, self._on_reply)
 
-    def switch(self, worker: WorkerId, load: Load) -> None:
-        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): its actor is
-        killed, and once Ray says it is dead its slot starts an actor loading `load`."""
-        slot = self._slots.find(worker)
-        if slot is None:
-            return
-        idle = slot.state is SlotState.READY
-        if not self._slots.switch(slot, worker, load):
-            return
-        log.info("worker %s (slot %d) switches to %s", worker, slot.index, load.version)
+    LOGGER = "batchgate.ray_pool"
+
+    def _switching_to(self, load: Load) -> None:
+        """A switch (`SlotPool.switch`): the actor it starts is one a successor claims."""
         self._claimable.add(self._config(load))
-        if idle:
-            self._let_go(slot)
 
     def kill(self, worker: WorkerId) -> None:
         """`ray.kill` the actor (hung batch) and report its death without waiting for Ray

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import logging
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -380,8 +381,33 @@ class SlotPool(Generic[S]):
     """What of the pool seam (`gpu_pool.seam.Pool`) every pool answers alike from its
     slots: each pool inherits it."""
 
+    LOGGER = "batchgate.pool"  # where a pool says what it does
+
     def __init__(self, slots: Slots[S]) -> None:
         self._slots = slots
+
+    def switch(self, worker: WorkerId, load: Load) -> None:
+        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): the pool lets its
+        incarnation go (`_let_go`), and once that is gone the slot starts `load` under a new
+        id. Nothing when `worker` is not the slot's live, idle incarnation."""
+        slot = self._slots.find(worker)
+        if slot is None:
+            return
+        idle = slot.state is SlotState.READY
+        if not self._slots.switch(slot, worker, load):
+            return
+        logging.getLogger(self.LOGGER).info(
+            "worker %s (slot %d) switches to %s", worker, slot.index, load.version)
+        self._switching_to(load)
+        if idle:
+            self._let_go(slot)
+
+    def _switching_to(self, load: Load) -> None:
+        """A slot now holds `load` (the Ray pool notes it claimable)."""
+
+    def _let_go(self, slot: S) -> None:
+        """End the slot's idle incarnation, hearing nothing more from it: no death."""
+        raise NotImplementedError
 
     def ready_count(self) -> int:
         return self._slots.ready_count()

@@ -88,7 +88,7 @@ class ModelCores:
         self._draining = False
         self.loads: Counter[tuple[str, str]] = Counter()  # (version, reason) -> switches
         self.load_seconds: list[float] = []  # measured loads not yet read by metrics
-        self.catalogue = catalogue
+        self._live_versions: frozenset[str] = frozenset()  # the catalogue's, kept with it
         self._only: str | None = None
         self._next_check = math.inf  # when placement next has something to say unasked
         self._sole: DispatchCore | None = None
@@ -103,7 +103,8 @@ class ModelCores:
         SIGHUP). Versions it no longer holds live are retired: their queues finish and
         their workers leave."""
         self.catalogue = catalogue
-        for version in catalogue.versions():
+        self._live_versions = frozenset(catalogue.versions())
+        for version in catalogue.versions():  # in catalogue order: placement breaks ties by it
             if version not in self._cores:
                 self._cores[version] = self._new_core(version)
         for name, model in catalogue.models.items():
@@ -377,7 +378,7 @@ class ModelCores:
 
     # -- reading -------------------------------------------------------------------------
     def _live(self, version: str) -> bool:
-        return version in self.catalogue.versions()
+        return version in self._live_versions
 
     def _wanted(self, version: str, now: float) -> bool:
         """Whether requests go to `version`: its model's serving default, a weighted
