@@ -1,6 +1,7 @@
 """The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
 
-Offers the pool seam (`Pool`, `PoolEvents`), the wire messages, the process pool
+Offers the pool seam (`Pool`, `PoolEvents`; the scaling the core decides included: `add`,
+`retire`, `cancel_start`), the wire messages, the process pool
 (`WorkerPool`), its settings, what a slot holds (`Load`: one model version), the slot
 states and restart `Backoff` both pools share, the model registry (what a model name means,
 asked without loading it) and the model loader.

@@ -18,6 +18,12 @@ decision) retires an idle worker the same way, told to stop and killed past a gr
 once it has exited its slot starts a process loading the other version under a new worker
 id (`Slots.switch`): restarting the process is what frees all the memory the old version
 held.
+
+The core scales the pool (`gpu_pool.slot_pool`): a slot added is pinned to the lowest
+device no other slot holds (the core never asks for more workers than devices), and on the
+CPU the threads are split among the slots there are as it starts. A retired worker is let
+go as for a switch and its slot removed once it has exited; a start taken back is killed
+and its slot removed once it has exited. Neither is reported dead.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import functools
 import logging
 import multiprocessing
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 
@@ -38,7 +45,8 @@ from gpu_pool.memory import MIB, MemoryBound, resident_bytes
 from gpu_pool.pipe import WorkerPipe, open_pipe
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
 from gpu_pool.seam import PoolEvents, Unstarted
-from gpu_pool.slots import Backoff, Slot, SlotPool, Slots, SlotState
+from gpu_pool.slot_pool import SlotPool
+from gpu_pool.slots import Backoff, Slot, Slots, SlotState
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")
@@ -54,7 +62,7 @@ class PoolSettings:
     model: str
     workers: int
     latency_floor: float | None = None
-    gpus: int = 0  # CUDA devices present; workers are pinned round-robin
+    gpus: int = 0  # CUDA devices present; the first workers are pinned round-robin
     ready_timeout: float = 300.0
     restart_backoff: float = 0.5
     restart_backoff_max: float = 30.0
@@ -99,6 +107,8 @@ class _Slot(Slot):
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
     retired: BaseProcess | None = None  # replaced or switched, told to stop, not yet exited
+    gpu: int | None = None  # the CUDA device its workers are pinned to; None on the CPU
+    launching: bool = False  # `_start` is spawning its process, not yet watched
 
 
 class WorkerPool(SlotPool[_Slot]):
@@ -110,8 +120,11 @@ class WorkerPool(SlotPool[_Slot]):
         self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
         loads = settings.slot_loads()
-        super().__init__(Slots([_Slot(i, load=loads[i]) for i in range(settings.workers)],
-                               first=SlotState.STARTING, backoff=settings.backoff))
+        gpus = settings.gpus
+        super().__init__(Slots(
+            [_Slot(i, load=loads[i], gpu=i % gpus if gpus else None)
+             for i in range(settings.workers)],
+            first=SlotState.STARTING, backoff=settings.backoff))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -192,22 +205,47 @@ class WorkerPool(SlotPool[_Slot]):
         await self._reap(slot)  # a replaced or switched process exits (its memory freed) first
         if self._slots.stopping:
             return
+        if slot.leaving:  # retired (its process now gone) or taken back
+            self._finish_leaving(slot)
+            return
         # The core never saw a replaced worker go: it keeps its id.
         worker = slot.worker if slot.replacing else self._slots.begin(slot)
         load = slot.load
         assert load is not None  # every slot of this pool is given one
+        staying = sum(not s.leaving for s in self._slots)
         config = WorkerConfig(
-            model=load.spec,
-            gpu=slot.index % self._settings.gpus if self._settings.gpus else None,
-            threads=max(1, (os.cpu_count() or 1) // self._settings.workers),
-            latency_floor=self._settings.floor(load),
-            version=load.version,
+            model=load.spec, gpu=slot.gpu,
+            threads=max(1, (os.cpu_count() or 1) // max(1, staying)),
+            latency_floor=self._settings.floor(load), version=load.version,
         )
+        slot.launching = True
+        try:
+            process = await self._launch(slot, worker, config)
+        finally:
+            slot.launching = False
+        if process is None:  # could not spawn: retried (`_spawn_failed`), unless taken back
+            self._finish_leaving(slot)
+            return
+        if slot.leaving:  # taken back while it was spawned: its exit removes the slot
+            process.kill()
+        ready = slot.ready
+        with anyio.move_on_after(self._settings.ready_timeout):
+            await ready.wait()
+        if not ready.is_set() and slot.worker == worker and slot.process is process:
+            log.error("worker %s gave no READY in %.0fs; killing it", worker,
+                      self._settings.ready_timeout)
+            process.kill()
+
+    async def _launch(
+        self, slot: _Slot, worker: WorkerId, config: WorkerConfig
+    ) -> BaseProcess | None:
+        """Spawn the slot's process and watch its pipe and sentinel; None if it could not
+        be spawned."""
         try:
             parent, child = self._ctx.Pipe()
         except OSError as exc:
             self._spawn_failed(slot, exc)
-            return
+            return None
         process = self._ctx.Process(
             target=worker_main, args=(child, config), name=f"batchgate-worker-{slot.index}",
             daemon=True,
@@ -221,7 +259,7 @@ class WorkerPool(SlotPool[_Slot]):
             child.close()
             slot.process = None
             self._spawn_failed(slot, exc)
-            return
+            return None
         child.close()
         slot.pid = process.pid
         # Shielded (one loop turn): cancelled in between, a live worker with no sentinel
@@ -235,19 +273,15 @@ class WorkerPool(SlotPool[_Slot]):
             log.error("could not watch worker %s's pipe (%s); killing it", worker, exc)
             process.kill()  # its exit, through the sentinel, is a death like any other
         asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, slot, worker)
-        ready = slot.ready
-        with anyio.move_on_after(self._settings.ready_timeout):
-            await ready.wait()
-        if not ready.is_set() and slot.worker == worker and slot.process is process:
-            log.error("worker %s gave no READY in %.0fs; killing it", worker,
-                      self._settings.ready_timeout)
-            process.kill()
+        return process
 
     def _spawn_failed(self, slot: _Slot, exc: OSError) -> None:
         """Out of descriptors, processes or memory: the slot is retried like a crash, with
         its backoff, for as long as it takes (a failure here once tore the pool down and
         left a server that answered 503 forever). A worker being replaced is one the core
-        holds up: its death is reported."""
+        holds up: its death is reported. One taken back is not retried."""
+        if slot.leaving:
+            return
         if slot.replacing:
             self._lost(slot, slot.worker)
         else:
@@ -261,7 +295,7 @@ class WorkerPool(SlotPool[_Slot]):
 
     def _handle(self, slot: _Slot, worker: WorkerId, messages: list[object]) -> None:
         for msg in messages:
-            if slot.worker == worker:
+            if slot.worker == worker and not slot.leaving:  # a start taken back: nothing
                 self._handle_one(slot, worker, msg)
 
     def _handle_one(self, slot: _Slot, worker: WorkerId, msg: object) -> None:
@@ -355,6 +389,14 @@ class WorkerPool(SlotPool[_Slot]):
     def _on_exit(self, slot: _Slot, worker: WorkerId) -> None:
         if slot.worker != worker:
             return
+        if slot.leaving:  # a start taken back, killed: no death
+            slot.ready.set()
+            if slot.process is not None:
+                slot.process.join(timeout=1)
+            self._detach(slot)
+            slot.exited.set()
+            self._finish_leaving(slot)
+            return
         if slot.switched_out == worker:  # died loading the version switched away from
             slot.ready.set()
             if slot.process is not None:
@@ -370,6 +412,39 @@ class WorkerPool(SlotPool[_Slot]):
         slot.exited.set()
         if self._settings.restart:
             self._slots.restart(slot)
+
+    # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
+    def _new_slot(self, index: int, load: Load) -> _Slot:
+        return _Slot(index, load=load, gpu=self._free_gpu())
+
+    def _free_gpu(self) -> int | None:
+        """The lowest device no slot holds; else (a retired worker still exiting) the
+        lowest no staying slot holds; else the least held."""
+        if not self._settings.gpus:
+            return None
+        held = Counter(s.gpu for s in self._slots)
+        staying = Counter(s.gpu for s in self._slots if not s.leaving)
+        return min(range(self._settings.gpus), key=lambda d: (staying[d], held[d], d))
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Kill what the leaving slot started (its exit removes the slot, `_on_exit`), or
+        remove the slot now if nothing of it runs."""
+        process = slot.process
+        if not slot.launching and process is not None and process.pid is not None and \
+                not slot.exited.is_set():
+            process.kill()
+        self._finish_leaving(slot)
+
+    def _finish_leaving(self, slot: _Slot) -> None:
+        """Remove the leaving slot once nothing of it runs: not being spawned, no process
+        still to exit (its own, or one let go)."""
+        if not slot.leaving or slot.launching or slot.retired is not None:
+            return
+        process = slot.process
+        if process is not None and process.pid is not None and not slot.exited.is_set():
+            return  # `_on_exit` comes back here
+        self._detach(slot)
+        self._slots.remove(slot)
 
     def _detach(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()

@@ -1,21 +1,60 @@
-"""What the Ray pool asks of the cluster itself, apart from its actors: whether the head is
-reachable at all, and which nodes are lost. Blocking calls: run them in a thread.
+"""What the Ray pool asks of the cluster itself, apart from driving its actors: to join it
+(whether its head is reachable at all) and leave it, how many workers its nodes hold, which
+nodes are lost, and to kill actors. Ray's driver changes this process's signal handlers when
+it connects or disconnects; they are put back (`gpu_pool.signal_guard`). Blocking calls: run
+them in a thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ray
 from ray.exceptions import RayError
 
+from gpu_pool.ray_settings import RayPoolSettings
+from gpu_pool.signal_guard import signals_kept
+
 CONNECT_TIMEOUT_S = 10.0  # to open a TCP connection to the head's address
 RAYLET_KNOCK_S = 0.5  # to connect to a dead actor's raylet; no answer in time proves nothing
 _GONE = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
-_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves it unannotated
+_nodes: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves these unannotated
+_resources: Callable[[], dict[str, float]] = ray.cluster_resources
+
+
+def join(settings: RayPoolSettings, namespace: str) -> None:
+    """Connect this process to the pool's cluster, or start a local Ray for the pool."""
+    if settings.address is not None:
+        check_reachable(settings.address)
+    with signals_kept():
+        if settings.address is None:
+            ray.init(address="local", resources=settings.local_resources(),
+                     namespace=namespace, include_dashboard=False)
+        else:
+            ray.init(address=settings.address, namespace=namespace)
+
+
+def leave() -> None:
+    """Disconnect this process from Ray (stopping the local Ray `join` started)."""
+    with signals_kept():
+        ray.shutdown()
+
+
+def kill_actors(actors: Iterable[Any]) -> None:
+    """`ray.kill` each actor; one already gone is no error."""
+    for actor in actors:
+        with contextlib.suppress(RayError, ValueError):
+            ray.kill(actor)
+
+
+def capacity(resources: dict[str, float]) -> int:
+    """How many workers, each holding `resources`, the cluster's nodes hold all together."""
+    total = _resources()
+    return min(int(total.get(k, 0.0) // v) for k, v in resources.items())
 
 
 def lost_nodes(suspects: set[str]) -> set[str]:
@@ -56,4 +95,4 @@ def check_reachable(address: str) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
 
 
-__all__ = ["check_reachable", "lost_nodes"]
+__all__ = ["capacity", "check_reachable", "join", "kill_actors", "leave", "lost_nodes"]

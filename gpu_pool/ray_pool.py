@@ -24,16 +24,21 @@ A switch to another model version (`switch`, the core's decision) kills the idle
 and its slot starts an actor loading the other version, under a new worker id, once Ray has
 declared the old one dead (its sentinel call fails: its process and GPU memory are gone).
 
+The core scales the pool (`gpu_pool.slot_pool`): an added actor waits, pending, for room
+(with Ray's autoscaler, a pending actor is what brings a node); a retired one is killed,
+its slot removed once Ray says it is dead; a start taken back is killed, its slot removed.
+
 In a cell (`RayPoolSettings.cell`) the actors are detached and named for the cell's slots,
 so they outlive a core that dies abruptly: the next core finds each slot's newest actor
 alive and claims it (`gpu_pool.ray_actor`), its model already loaded, instead of starting
 one, whichever version it holds, if the pool names it (`RayPoolSettings.claimable`: the
 actor says which in its claim's answer, and `version_of` answers it); an actor that cannot
-be claimed within the ready timeout (the dead core's batch hangs
-on it) is killed and replaced. A pool that stops, drained or cancelled, kills its actors,
-so nothing is left on the cluster; an actor whose cell is gone entirely ends itself once
-its lease lapses (`RayPoolSettings.orphan_after`). Ray's driver changes this process's
-signal handlers when it connects; they are put back (`gpu_pool.signal_guard`).
+be claimed within the ready timeout (the dead core's batch hangs on it) is killed and
+replaced; one of a slot beyond the first `workers` (added by scaling) is killed. A pool
+that stops, drained or cancelled, kills its actors, so nothing is left on the cluster; an
+actor whose cell is gone entirely ends itself once its lease lapses
+(`RayPoolSettings.orphan_after`). Ray's driver changes this process's signal handlers when
+it connects; they are put back (`gpu_pool.ray_cluster`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,12 +71,12 @@ from gpu_pool.ray_actor import (
     find_actors,
     spawn_actor,
 )
-from gpu_pool.ray_cluster import check_reachable
+from gpu_pool.ray_cluster import capacity, join, kill_actors, leave
 from gpu_pool.ray_cluster import lost_nodes as _lost_nodes
 from gpu_pool.ray_settings import RayPoolSettings
 from gpu_pool.seam import PoolEvents, Unstarted
-from gpu_pool.signal_guard import signals_kept
-from gpu_pool.slots import Slot, SlotPool, Slots, SlotState
+from gpu_pool.slot_pool import SlotPool
+from gpu_pool.slots import Slot, Slots, SlotState
 from gpu_pool.worker import WorkerConfig
 
 log = logging.getLogger("batchgate.ray_pool")
@@ -116,6 +121,7 @@ class RayPool(SlotPool[_Slot]):
         self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
         self._suspects: set[str] = set()  # the nodes of `_dying`: is each one lost?
         self._deaths = anyio.Event()  # set when `_dying` gains one
+        self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -145,8 +151,8 @@ class RayPool(SlotPool[_Slot]):
             while self.ready_count() < count:
                 changed = self._slots.changed()  # before asking Ray: a change meanwhile counts
                 if self.ready_count() > 0:
-                    capacity = await anyio.to_thread.run_sync(self._capacity)
-                    room = self._placed() < capacity
+                    fit = await anyio.to_thread.run_sync(capacity, self._settings.resources)
+                    room = self._placed() < fit
                     if self._slots.settled(count, stuck=() if room else (SlotState.PENDING,)):
                         break
                 with anyio.move_on_after(ROOM_RECHECK_S):  # Ray's room changes unannounced
@@ -207,54 +213,36 @@ class RayPool(SlotPool[_Slot]):
     # -- Ray, in a thread --------------------------------------------------------------------
     def _connect(self) -> None:
         if not ray.is_initialized():  # else the host process joined a cluster: share it
-            with signals_kept():
-                self._init()
+            join(self._settings, self._namespace)
             self._owns_ray = True
         if self._settings.cell is not None:
             self._find()
-        fit = self._capacity()
+        fit = capacity(self._settings.resources)
         if fit < len(self._slots):
             log.warning("the cluster has room for %d of %d workers (each holds %s): the "
                         "rest wait, pending, until nodes with room join", fit,
                         len(self._slots), self._settings.resources)
 
-    def _init(self) -> None:
-        if self._settings.address is None:
-            ray.init(address="local", resources=self._settings.local_resources(),
-                     namespace=self._namespace, include_dashboard=False)
-        else:
-            check_reachable(self._settings.address)
-            ray.init(address=self._settings.address, namespace=self._namespace)
-
     def _find(self) -> None:
         """Note each slot's newest live actor (an earlier core's) and kill the rest."""
         found = find_actors(self._namespace, len(self._slots))
+        self._generations = found.generations  # a slot added later names its actors beyond
         for slot in self._slots:
             slot.found = found.newest.get(slot.index)
             slot.actors = found.generations.get(slot.index, 0)
-        for actor in found.others:
-            with contextlib.suppress(RayError, ValueError):
-                ray.kill(actor)
+        kill_actors(found.others)
         if found.newest:
             log.info("found %d live workers of an earlier core in %s: claiming them",
                      len(found.newest), self._namespace)
-
-    def _capacity(self) -> int:
-        """How many workers the cluster's nodes hold, all together."""
-        total = ray.cluster_resources()
-        return min(int(total.get(k, 0.0) // v) for k, v in self._settings.resources.items())
 
     def _placed(self) -> int:
         """Actors known to hold their room: placed, loading or up."""
         return sum(s.state in _PLACED for s in self._slots)
 
     def _disconnect(self, actors: list[Any]) -> None:
-        for actor in actors:
-            with contextlib.suppress(RayError, ValueError):
-                ray.kill(actor)
+        kill_actors(actors)
         if self._owns_ray:
-            with signals_kept():
-                ray.shutdown()
+            leave()
             self._owns_ray = False
 
     # -- internals ---------------------------------------------------------------------------
@@ -265,6 +253,9 @@ class RayPool(SlotPool[_Slot]):
     async def _start(self, slot: _Slot) -> None:
         await self._reap(slot)
         if self._slots.stopping:
+            return
+        if slot.leaving:  # retired (Ray says its actor is dead) or taken back
+            self._slots.remove(slot)
             return
         pool = self._settings.pool
         # The core never saw a replaced worker go: it keeps its id (its actor a new name).
@@ -303,7 +294,8 @@ class RayPool(SlotPool[_Slot]):
             self._lost(slot, worker, kill=False)
             return
         except RayError as exc:  # died while placed or loading, or the model failed to load
-            log.error("worker %s failed to start: %s", worker, str(exc).splitlines()[0])
+            if not slot.leaving:  # else its start was taken back: killed on purpose
+                log.error("worker %s failed to start: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
         # Only once claimed: an earlier owner's sentinel might otherwise answer this one's.
@@ -404,11 +396,12 @@ class RayPool(SlotPool[_Slot]):
     async def _reap(self, slot: _Slot) -> None:
         """Wait (`STOP_GRACE_S` at most) until the switched actor is dead: its sentinel
         call fails then. Its node's room and GPU memory are free again."""
-        ref, slot.retired = slot.retired, None
+        ref = slot.retired
         if ref is None:
             return
         with anyio.move_on_after(STOP_GRACE_S), contextlib.suppress(Exception):
             await asyncio.wrap_future(ref.future())  # a RayError, as it should
+        slot.retired = None
 
     def _on_sentinel(
         self, slot: _Slot, worker: WorkerId, future: concurrent.futures.Future[Any]
@@ -451,6 +444,22 @@ class RayPool(SlotPool[_Slot]):
         self._deaths.set()
         if self._settings.pool.restart:
             self._slots.restart(slot)
+
+    # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
+    def _new_slot(self, index: int, load: Load) -> _Slot:
+        return _Slot(index, load=load, actors=self._generations.get(index, 0))
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Kill the leaving slot's actor (pending, loading, or a replacement's) and remove
+        the slot: Ray frees its room. A start under way finds it gone (`_start`)."""
+        slot.calls.clear()
+        kill_actors([slot.actor] if slot.actor is not None else [])
+        slot.actor = None
+        if slot.retired is None:  # else its start reaps the one let go, then removes it
+            self._slots.remove(slot)
+
+    def _unreported(self) -> Collection[WorkerId]:
+        return self._dying
 
     async def _renew(self, every: float) -> None:
         """Renew each placed actor's lease, `every` seconds, as long as the pool runs."""

@@ -96,6 +96,7 @@ class RayPoolSettings:
     # Versions an earlier core's actor may hold and still be claimed with, beyond the slots'
     # loads (the catalogue's); one holding any other is replaced.
     claimable: tuple[Load, ...] = ()
+    max_workers: int | None = None  # the most the pool may grow to (None: its size)
 
     def __post_init__(self) -> None:
         if not self.resources or any(not v > 0 for v in self.resources.values()):
@@ -112,8 +113,9 @@ class RayPoolSettings:
 
     def local_resources(self) -> dict[str, float]:
         """What a local Ray started for this pool declares beyond its CPUs and GPUs: room for
-        every worker in each custom resource."""
-        return {k: v * self.pool.workers for k, v in self._custom().items()}
+        every worker it may hold in each custom resource."""
+        most = max(self.pool.workers, self.max_workers or 0)
+        return {k: v * most for k, v in self._custom().items()}
 
     def _custom(self) -> dict[str, float]:
         return {k: v for k, v in self.resources.items() if k not in ("CPU", "GPU")}

@@ -1,7 +1,8 @@
 """The seam between the dispatch core's owner and a pool of workers, wherever they run.
 
-A pool starts its workers, runs what it is told (`send`, `kill`, `switch`) and reports what
-happens to them (`PoolEvents`: ready, reply, died). It decides nothing about batches, items
+A pool starts its workers, runs what it is told (`send`, `kill`, `switch`, and the scaling
+the core decides: `add`, `retire`, `cancel_start`) and reports what happens to them
+(`PoolEvents`: ready, reply, died). It decides nothing about batches, items
 or which version a worker should hold: the core does, and asks the pool which version each
 incarnation holds (`version_of`). The process pool (`gpu_pool/pool.py`) is the first
 implementation; a pool of actors on other hosts is another.
@@ -85,6 +86,24 @@ class Pool(Protocol):
         `worker_ready`. The retired one is never reported dead; a switch is no crash, no
         restart, no backoff failure. If `worker` is not its slot's live, idle incarnation,
         nothing happens (a death is, or was, reported as usual)."""
+
+    def add(self, load: Load) -> None:
+        """Start one more worker holding `load`, in a new slot (an index never used
+        before), reported through `worker_ready` once up; a start that fails (it dies while
+        loading) is a death like any other, its slot restarted after its backoff. The
+        process pool pins it to a device no other slot holds; a Ray actor waits, pending,
+        until the cluster has room for it (on an autoscaled cluster, that asks for a node)."""
+
+    def retire(self, worker: WorkerId) -> None:
+        """The core retires idle incarnation `worker` for good: its slot lets it go as a
+        switch does (told to stop, killed past a grace) and is removed once it has exited.
+        It is never reported dead: no crash, no restart. If `worker` is not its slot's
+        live, idle incarnation, nothing happens."""
+
+    def cancel_start(self, version: str) -> bool:
+        """Take back the newest start of `version` not up yet (pending, starting, or dead
+        and waiting out its backoff; not a switch's): end what it started and remove its
+        slot, reporting nothing of it. False if there is none."""
 
     def version_of(self, worker: WorkerId) -> str | None:
         """The version incarnation `worker` holds (or held): every incarnation the pool has

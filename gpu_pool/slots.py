@@ -1,6 +1,6 @@
 """Slot bookkeeping shared by the process pool and the Ray pool.
 
-A pool has a fixed number of slots, each holding one worker incarnation at a time under a
+A pool has slots, each holding one worker incarnation at a time under a
 fresh `WorkerId`, so an answer from a dead incarnation is never taken for its successor's.
 What both pools keep alike lives here: the states, finding a slot by worker, counting
 crashes, when a dead slot starts again (`Backoff`), and waking `wait_ready`. How a worker
@@ -22,13 +22,19 @@ that worker idle) hands the replacement over: its start begins the new version, 
 process already loads the old one, that one is let go as it comes up or dies
 (`switched_out`, `take_back`). Each incarnation's version is kept for `version_of`, the
 oldest dead ones pruned.
+
+The core scales the pool while it serves. A slot added (`Slots.add`) takes an index never
+used before and starts at once. A slot leaves for good when the core retires its idle
+incarnation (`retire`: let go as for a switch) or takes back a start not yet up
+(`cancel_start`): it is forgotten at once (never reported dead, no crash counted), shows as
+"stopped", and is removed (`remove`, by the pool) once nothing it started still runs.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
-import logging
+import math
 import time
 from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +110,7 @@ class Slot:
     load: Load | None = None  # the version it holds or loads; a restart keeps it
     switching: bool = False  # switched by the core, the new incarnation not up yet
     switched_out: WorkerId | None = None  # retired by a switch while still being replaced
+    leaving: bool = False  # retired or its start taken back: removed once nothing runs
 
     @property
     def shown(self) -> str:
@@ -123,7 +130,8 @@ S = TypeVar("S", bound=Slot)
 
 class Slots(Generic[S]):
     """A pool's slots and the bookkeeping around them. Called on the event loop only; the
-    clock is read only to time how long an incarnation stayed up."""
+    clock is read only to time how long an incarnation stayed up. Indexing (`slots[i]`)
+    is by position, which is the slot's index until slots are added or removed."""
 
     def __init__(
         self, slots: Sequence[S], *, first: SlotState, backoff: Backoff,
@@ -132,6 +140,7 @@ class Slots(Generic[S]):
         """`first`: the state every incarnation begins in (PENDING where it waits for room,
         STARTING where it starts at once); a pool that never waits shows no pending count."""
         self._slots = list(slots)
+        self._next_index = max((s.index for s in self._slots), default=-1) + 1
         self._first = first
         self.backoff = backoff
         self._clock = clock
@@ -141,10 +150,12 @@ class Slots(Generic[S]):
         self._crashes = self._replacements = self._switches = 0
         self._versions: dict[WorkerId, str] = {}  # every incarnation's, oldest first
         self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
-        self._forgiven = anyio.Event()  # set when a slot's backoff is shortened
-        # (slot index, at once): at once for a replacement or a switch, else after the backoff
+        self._wake = anyio.Event()  # set when a slot's backoff is shortened, or it leaves
+        self._running = False  # `keep_started` has started the first slots
+        # (slot, at once): at once for a replacement, a switch, a new or a leaving slot, else
+        # after the backoff. Unbounded in type only: a slot asks once per incarnation.
         self._restart_send, self._restart_recv = anyio.create_memory_object_stream[
-            tuple[int, bool]](len(self._slots))
+            tuple[S, bool]](math.inf)
         for slot in self._slots:
             slot.state = first
 
@@ -229,17 +240,21 @@ class Slots(Generic[S]):
             if slot.counted == worker and slot.failures > 0:
                 slot.failures -= 1
                 slot.counted = None
-                self._forgiven.set()
-                self._forgiven = anyio.Event()
+                self._wake_waiting()
+
+    def _wake_waiting(self) -> None:
+        """Wake every start waiting out a backoff to look again (`_start_after`)."""
+        self._wake.set()
+        self._wake = anyio.Event()
 
     # -- restarts ----------------------------------------------------------------------------
     def restart(self, slot: S) -> None:
         """Count a restart of `slot` and have `keep_started` start it after its backoff;
         nothing once stopping."""
-        if self._stopping:
+        if self._stopping or slot.leaving:
             return
         slot.restarts += 1
-        self._restart_send.send_nowait((slot.index, False))
+        self._restart_send.send_nowait((slot, False))
 
     def replace(self, slot: S) -> None:
         """Have `keep_started` start `slot` again at once, its worker kept: the pool has
@@ -251,7 +266,7 @@ class Slots(Generic[S]):
         slot.state, slot.replacing = self._first, True
         self._replacements += 1
         self.signal_change()
-        self._restart_send.send_nowait((slot.index, True))
+        self._restart_send.send_nowait((slot, True))
 
     def switch(self, slot: S, worker: WorkerId, load: Load) -> bool:
         """The core retires idle incarnation `worker` of `slot` for `load`; whether the
@@ -269,7 +284,7 @@ class Slots(Generic[S]):
         self._switches += 1
         if slot.state is SlotState.READY:
             slot.state = self._first
-            self._restart_send.send_nowait((slot.index, True))
+            self._restart_send.send_nowait((slot, True))
         else:
             slot.replacing, slot.switched_out = False, worker
         self.signal_change()
@@ -282,7 +297,7 @@ class Slots(Generic[S]):
         if slot.switched_out != worker or self._stopping:
             return False
         slot.switched_out, slot.state = None, self._first
-        self._restart_send.send_nowait((slot.index, True))
+        self._restart_send.send_nowait((slot, True))
         return True
 
     async def keep_started(
@@ -290,14 +305,14 @@ class Slots(Generic[S]):
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call `start` for every slot at once, then again for each slot handed to
-        `restart`, after its backoff; never once stopping. Runs until cancelled, with
-        every `start` in flight."""
+        `restart`, after its backoff (a leaving slot's at once: `start` lets it go); never
+        once stopping. Runs until cancelled, with every `start` in flight."""
         async with anyio.create_task_group() as tg, self._restart_recv:
-            for slot in self._slots:
+            self._running = True  # a slot added from now on is handed over by `add`
+            for slot in list(self._slots):
                 tg.start_soon(self._start_after, start, slot, 0.0)
             task_status.started()
-            async for index, at_once in self._restart_recv:
-                slot = self._slots[index]
+            async for slot, at_once in self._restart_recv:
                 delay = 0.0 if at_once else self.backoff.delay(slot.failures)
                 tg.start_soon(self._start_after, start, slot, delay)
 
@@ -305,9 +320,9 @@ class Slots(Generic[S]):
         self, start: Callable[[S], Coroutine[Any, Any, None]], slot: S, delay: float
     ) -> None:
         began = anyio.current_time()
-        while (left := delay - (anyio.current_time() - began)) > 0:
+        while (left := delay - (anyio.current_time() - began)) > 0 and not slot.leaving:
             with anyio.move_on_after(left):
-                await self._forgiven.wait()
+                await self._wake.wait()
             if not slot.replacing:  # forgiven meanwhile: wait the shorter backoff
                 delay = min(delay, self.backoff.delay(slot.failures))
         if not self._stopping:
@@ -321,6 +336,67 @@ class Slots(Generic[S]):
     def stopping(self) -> bool:
         return self._stopping
 
+    # -- slots added and removed -------------------------------------------------------------
+    def add(self, make: Callable[[int], S]) -> S | None:
+        """A new slot, `make(index)` under an index never used before, in the first state;
+        `keep_started` starts it at once. None, and nothing added, once stopping."""
+        if self._stopping:
+            return None
+        slot = make(self._next_index)
+        self._next_index += 1
+        slot.state = self._first
+        self._slots.append(slot)
+        if self._running:  # else `keep_started` starts it with the first ones
+            self._restart_send.send_nowait((slot, True))
+        self.signal_change()
+        return slot
+
+    def retire(self, slot: S, worker: WorkerId) -> bool:
+        """The core retires idle incarnation `worker` of `slot` for good; whether it leaves
+        (False: `worker` is not the slot's live, idle incarnation, or the pool is stopping;
+        nothing changed). A ready slot is started at once (the pool lets its incarnation go
+        first, in the same turn): its start waits for it to exit and removes the slot. One
+        being replaced is the pool's to end (`SlotPool._abandon`)."""
+        if self._stopping or slot.leaving or slot.worker != worker or slot.held is not None:
+            return False
+        idle = slot.state is SlotState.READY
+        if not idle and not slot.replacing:
+            return False
+        self._leave(slot)
+        if idle:
+            self._restart_send.send_nowait((slot, True))
+        return True
+
+    def cancel_start(self, version: str, skip: Collection[WorkerId] = ()) -> S | None:
+        """The newest slot holding `version` whose incarnation is not up yet (pending,
+        starting, or dead and waiting out its backoff), now leaving; None if there is none
+        or the pool is stopping. Not a slot in a switch or a replacement (the core holds
+        that worker), nor one whose incarnation is in `skip` (its death not reported yet)."""
+        waiting = [
+            s for s in self._slots
+            if s.state in (SlotState.PENDING, SlotState.STARTING, SlotState.DEAD)
+            and not (s.leaving or s.switching or s.replacing) and s.switched_out is None
+            and s.worker not in skip
+            and (s.load.version if s.load else DEFAULT_VERSION) == version
+        ]
+        if self._stopping or not waiting:
+            return None
+        slot = max(waiting, key=lambda s: s.index)
+        self._leave(slot)
+        return slot
+
+    def _leave(self, slot: S) -> None:
+        self.forget(slot.worker)
+        slot.leaving, slot.replacing, slot.state = True, False, SlotState.STOPPED
+        self._wake_waiting()  # a restart waiting out its backoff goes at once
+        self.signal_change()
+
+    def remove(self, slot: S) -> None:
+        """The leaving `slot` is gone: nothing it started runs any more. Idempotent."""
+        if any(s is slot for s in self._slots):
+            self._slots = [s for s in self._slots if s is not slot]
+            self.signal_change()
+
     # -- waiting for start-up ----------------------------------------------------------------
     def settled(self, count: int, stuck: Collection[SlotState] = ()) -> bool:
         """Whether `wait_ready(count)` is done: `count` slots are up, or one is and each of
@@ -330,10 +406,11 @@ class Slots(Generic[S]):
         ready = self.ready_count()
         if ready >= count:
             return True
+        staying = [s for s in self._slots if not s.leaving]
         return ready > 0 and all(
             s.state in (SlotState.READY, SlotState.BUSY, SlotState.DEAD) or s.restarts > 0
             or s.state in stuck
-            for s in self._slots[:count]
+            for s in staying[:count]
         )
 
     def changed(self) -> anyio.Event:
@@ -377,64 +454,4 @@ class Slots(Generic[S]):
         return self._switches
 
 
-class SlotPool(Generic[S]):
-    """What of the pool seam (`gpu_pool.seam.Pool`) every pool answers alike from its
-    slots: each pool inherits it."""
-
-    LOGGER = "batchgate.pool"  # where a pool says what it does
-
-    def __init__(self, slots: Slots[S]) -> None:
-        self._slots = slots
-
-    def switch(self, worker: WorkerId, load: Load) -> None:
-        """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): the pool lets its
-        incarnation go (`_let_go`), and once that is gone the slot starts `load` under a new
-        id. Nothing when `worker` is not the slot's live, idle incarnation."""
-        slot = self._slots.find(worker)
-        if slot is None:
-            return
-        idle = slot.state is SlotState.READY
-        if not self._slots.switch(slot, worker, load):
-            return
-        logging.getLogger(self.LOGGER).info(
-            "worker %s (slot %d) switches to %s", worker, slot.index, load.version)
-        self._switching_to(load)
-        if idle:
-            self._let_go(slot)
-
-    def _switching_to(self, load: Load) -> None:
-        """A slot now holds `load` (the Ray pool notes it claimable)."""
-
-    def _let_go(self, slot: S) -> None:
-        """End the slot's idle incarnation, hearing nothing more from it: no death."""
-        raise NotImplementedError
-
-    def ready_count(self) -> int:
-        return self._slots.ready_count()
-
-    def workers(self) -> list[WorkerInfo]:
-        return self._slots.workers()
-
-    def state_counts(self) -> dict[str, int]:
-        return self._slots.state_counts()
-
-    @property
-    def crashes(self) -> int:
-        return self._slots.crashes
-
-    def forgive(self, worker: WorkerId) -> None:
-        self._slots.forgive(worker)
-
-    def version_of(self, worker: WorkerId) -> str | None:
-        return self._slots.version_of(worker)
-
-    @property
-    def replacements(self) -> int:
-        return self._slots.replacements
-
-    @property
-    def switches(self) -> int:
-        return self._slots.switches
-
-
-__all__ = ["SWITCHING", "VERSIONS_KEPT", "Backoff", "Slot", "SlotPool", "SlotState", "Slots"]
+__all__ = ["SWITCHING", "VERSIONS_KEPT", "Backoff", "Slot", "SlotState", "Slots"]

@@ -1,6 +1,8 @@
 """What every fake pool of the tests reports of its workers, the `gpu_pool.Pool` reading
-half: from which workers are alive and which of them hold a batch; and the deaths the core
-forgave (`Pool.forgive`), for the tests that look."""
+half: from which workers are alive and which of them hold a batch; the deaths the core
+forgave (`Pool.forgive`), the switches it asked for; and the scaling it asked for (`add`,
+`retire`, `cancel_start`), recorded for the tests that look, not carried out: a fake that
+scales overrides them."""
 
 from __future__ import annotations
 
@@ -34,3 +36,14 @@ class ReportsWorkers:
 
     def switch(self, worker: WorkerId, load: Load) -> None:
         self.__dict__.setdefault("switched", []).append((worker, load))
+
+    def add(self, load: Load) -> None:
+        self.__dict__.setdefault("added", []).append(load)
+
+    def retire(self, worker: WorkerId) -> None:
+        self.__dict__.setdefault("retired", []).append(worker)
+
+    def cancel_start(self, version: str) -> bool:
+        """No start is ever pending here: a fake's workers are up at once."""
+        self.__dict__.setdefault("cancelled", []).append(version)
+        return False
