@@ -12,11 +12,17 @@ is refused at once, with a Retry-After from the time the queue needs to drain. F
 has the smaller budget, so it is shed first; paid traffic is refused only when the paid
 queue alone cannot be served in time. This is throttling tied to the observed queue, not a
 static token bucket.
+
+While the pool grows, workers on their way count from the moment each is expected up
+(`joining`): the work ahead drains over that capacity curve (`capacity_wait`). A refusal's
+Retry-After is the time until a request of its tier would fit its budget on that curve: the
+capacity it needs being up, or the queue ahead drained, whichever comes first.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batcher.cost import BatchCost
@@ -43,6 +49,27 @@ class AdmissionSettings:
 
 
 MIN_SHARE = 0.05  # a tier is never assumed to get less than this share of the pool
+
+
+def capacity_wait(
+    work: float, workers: float, joining: Sequence[float] = (), used: float = 0.0
+) -> float:
+    """Seconds until `work` worker-seconds are done by `workers` now and one more from each
+    of `joining` (seconds from now, sorted), less the `used` workers that tiers served first
+    take (never below `MIN_SHARE` of the pool); math.inf when no capacity ever comes. No work
+    still waits for a worker to be there."""
+    if work <= 0:
+        return 0.0 if workers > 0 else joining[0] if joining else math.inf
+    t, done = 0.0, 0.0
+    for at in (*joining, math.inf):
+        left = max(workers - used, MIN_SHARE * workers) if workers > 0 else 0.0
+        if left > 0:
+            end = t + (work - done) / left
+            if end <= at:
+                return end
+            done += left * (at - t)
+        t, workers = max(t, at), workers + 1
+    return math.inf
 
 
 class RateMeter:
@@ -101,21 +128,26 @@ class Admission:
     def estimate(
         self, queued: int, workers: int, overtaking: float = 0.0, *, queued_chars: int = 0,
         items: int = 1, chars: int = 0, overtaking_chars: float = 0.0,
+        joining: Sequence[float] = (),
     ) -> float:
         """Expected seconds until the last item of a request of `items` items (`chars`
         characters) is answered, with `queued` items (`queued_chars` characters) served
         before it, while higher tiers arrive at `overtaking` items/s (`overtaking_chars`
-        characters/s): they are served first."""
+        characters/s): they are served first. `joining`: seconds from now at which each
+        worker on its way is expected up (sorted)."""
         return self._times(queued, workers, overtaking, queued_chars, items, chars,
-                           overtaking_chars)[1]
+                           overtaking_chars, joining)[1]
 
     def _times(
         self, queued: int, workers: int, overtaking: float, queued_chars: int, items: int,
-        chars: int, overtaking_chars: float,
+        chars: int, overtaking_chars: float, joining: Sequence[float] = (),
     ) -> tuple[float, float]:
         """(alone, expected): the request's own work with the pool to itself, and with the
         queue ahead and the overtaking tiers. Its last batch holds at most the cap's
         characters (one input runs alone whatever its size); the rest is work ahead."""
+        if joining:
+            return self._times_joining(queued, workers, overtaking, queued_chars, items,
+                                       chars, overtaking_chars, joining)[:2]
         if workers <= 0:
             return math.inf, math.inf
         cost = self.cost
@@ -135,45 +167,85 @@ class Admission:
             left = max(workers - used, MIN_SHARE * workers)
         return own / workers + run, ahead / left + run
 
+    def _times_joining(
+        self, queued: int, workers: int, overtaking: float, queued_chars: int, items: int,
+        chars: int, overtaking_chars: float, joining: Sequence[float],
+    ) -> tuple[float, float, float]:
+        """`_times` while workers are on their way, and the time the queue ahead needs to
+        drain on that capacity curve (alone, expected, drained)."""
+        cost = self.cost
+        last = chars if items <= 1 or chars <= cost.cap else int(cost.cap)
+        own = cost.work(items - 1, chars - last) if items > 1 else 0.0
+        run = cost.fixed + cost.per_char * last
+        ahead = cost.work(queued, queued_chars) if queued > 0 else 0.0
+        used = cost.work(overtaking, overtaking_chars) if overtaking > 0 else 0.0
+        return (capacity_wait(own, workers, joining) + run,
+                capacity_wait(ahead + own, workers, joining, used) + run,
+                capacity_wait(ahead, workers, joining, used))
+
+    def _covered(self, offered: float, workers: int, joining: Sequence[float]) -> float:
+        """Seconds until the ready workers and those on their way run `offered` items/s
+        (0: they do now; the last on its way if even all of them fall short): before
+        then, the queue ahead only refills as fast as it drains."""
+        need = self.cost.work(offered, 0.0)  # workers busy all the time
+        if need <= workers:
+            return 0.0
+        short = math.ceil(need - workers - 1e-9)
+        return joining[min(short, len(joining)) - 1]
+
     def budget(self, tier: Tier) -> float:
         return self._settings.budgets[tier]
 
     def admits(
         self, tier: Tier, queued: int, workers: int, deadline_in: float,
         overtaking: float = 0.0, queued_chars: int = 0, items: int = 1, chars: int = 0,
-        overtaking_chars: float = 0.0,
+        overtaking_chars: float = 0.0, joining: Sequence[float] = (),
     ) -> bool:
         """Whether a request is admitted (see `estimate` for the arguments); counts no
         refusal."""
-        if workers <= 0:
+        if workers <= 0 and not joining:
             return False
-        if queued <= 0 and items <= 1 and chars <= self.cost.cap:
+        if workers > 0 and queued <= 0 and items <= 1 and chars <= self.cost.cap:
             return True  # one plain batch and nothing ahead: refusing it protects nobody
         alone, expected = self._times(queued, workers, overtaking, queued_chars, items, chars,
-                                      overtaking_chars)
+                                      overtaking_chars, joining)
         return max(alone, expected) <= deadline_in and expected <= self._settings.budgets[tier]
 
     def check(
         self, tier: Tier, queued: int, workers: int, deadline_in: float,
         overtaking: float = 0.0, queued_chars: int = 0, items: int = 1, chars: int = 0,
-        overtaking_chars: float = 0.0,
+        overtaking_chars: float = 0.0, joining: Sequence[float] = (), offered: float = 0.0,
     ) -> None:
-        """Admit, or raise the `Overloaded` of the limit hit (with a Retry-After)."""
+        """Admit, or raise the `Overloaded` of the limit hit (with a Retry-After: the time
+        until a request like it would fit its tier's budget). `offered`: items/s this tier
+        and those above offer, admitted or refused: while more than the ready workers run,
+        the Retry-After is when the workers on their way cover it."""
         if self.admits(tier, queued, workers, deadline_in, overtaking, queued_chars, items,
-                       chars, overtaking_chars):
+                       chars, overtaking_chars, joining):
             return
-        if workers <= 0:
+        if workers <= 0 and not joining:
             raise NoWorkerReady("no worker is ready", 1.0)
-        alone, expected = self._times(queued, workers, overtaking, queued_chars, items, chars,
-                                      overtaking_chars)
-        retry = max(0.0, expected - alone)  # the time the queue ahead needs to drain
+        budget = self._settings.budgets[tier]
+        if joining:
+            alone, expected, drained = self._times_joining(
+                queued, workers, overtaking, queued_chars, items, chars, overtaking_chars,
+                joining)
+        else:
+            alone, expected = self._times(queued, workers, overtaking, queued_chars, items,
+                                          chars, overtaking_chars)
+            drained = max(0.0, expected - alone)  # the time the queue ahead needs to drain
+        # While the queue ahead lasts, a request's expected completion stays where it is now
+        # (what drains is ahead of it): it fits once that is within the budget, and anyway
+        # once the queue is gone.
+        retry = min(max(0.0, expected - budget), drained)
+        if joining and offered > 0:
+            retry = max(retry, self._covered(offered, workers, joining))
         if alone > deadline_in:  # decided here, before any of it holds a worker
             raise DeadlineUnreachable(
                 f"its inputs alone need about {alone * 1000:.0f} ms, past the request's "
                 f"deadline of {deadline_in * 1000:.0f} ms: send fewer or shorter inputs",
-                retry,
+                drained,
             )
-        budget = self._settings.budgets[tier]
         if expected > budget:
             raise OverBudget(
                 f"expected wait {expected * 1000:.0f} ms exceeds the {tier.label} "
@@ -181,8 +253,9 @@ class Admission:
                 retry,
             )
         raise DeadlineUnreachable(
-            f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline", retry
+            f"expected wait {expected * 1000:.0f} ms exceeds the request's deadline",
+            max(0.0, min(expected - deadline_in, drained)),
         )
 
 
-__all__ = ["Admission", "AdmissionSettings", "RateMeter"]
+__all__ = ["Admission", "AdmissionSettings", "RateMeter", "capacity_wait"]

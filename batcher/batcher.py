@@ -50,8 +50,11 @@ class Batcher:
         self._policy = policy
         self._admission = admission
         self._arrivals = {tier: RateMeter() for tier in Tier}
+        # Offered (admitted or refused), kept only while the pool may grow (`count_offered`).
+        self._offered: dict[Tier, RateMeter] | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=RECENT_ADMITS + 1)
         self._above = {tier: tuple(t for t in Tier if t < tier) for tier in Tier}
+        self._through = {tier: tuple(t for t in Tier if t <= tier) for tier in Tier}
         self._draining = False
         self._batches = self._items = self._expired = 0
         self._flushes: Counter[FlushReason] = Counter()
@@ -59,6 +62,11 @@ class Batcher:
     @property
     def draining(self) -> bool:
         return self._draining
+
+    def count_offered(self) -> None:
+        """Meter what each tier offers, refused or not: while workers are on their way, a
+        refusal's Retry-After says when they cover it."""
+        self._offered = {tier: RateMeter() for tier in Tier}
 
     @property
     def queues(self) -> TierQueues:
@@ -71,8 +79,10 @@ class Batcher:
     def __len__(self) -> int:
         return len(self._queues)
 
-    def admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:
-        """Queue a request's items together or refuse them all.
+    def admit(self, items: list[Item], deadline_in: float, now: float, ready: int,
+              joining: Sequence[float] = ()) -> None:
+        """Queue a request's items together or refuse them all (`joining`: seconds from now
+        at which each worker on its way is expected up).
 
         Raises `Closed` while draining, `Overloaded` when admission control refuses, and
         `QueueFull` at the tier's hard cap; on any refusal no item is queued.
@@ -85,8 +95,14 @@ class Batcher:
         if self._admission is not None:
             queues = self._queues
             over, over_chars = self._overtaking(tier, now)
+            offered = 0.0
+            if self._offered is not None:
+                self._offered[tier].add(n, now)
+                if joining:
+                    offered = sum(self._offered[t].rate(now) for t in self._through[tier])
             self._admission.check(tier, queues.depth_through(tier), ready, deadline_in, over,
-                                  queues.chars_through(tier), n, chars, over_chars)
+                                  queues.chars_through(tier), n, chars, over_chars, joining,
+                                  offered)
         for item in items:
             item.enqueued = now
         self._queues.put_all(items, tier, chars)  # all or nothing
@@ -94,7 +110,7 @@ class Batcher:
         self._recent.append((now, n))
 
     def admit_run(self, requests: Sequence[list[Item]], deadline_in: float, now: float,
-                  ready: int) -> bool:
+                  ready: int, joining: Sequence[float] = ()) -> bool:
         """`admit` each of several requests of one tier and one deadline at one moment, in
         one step when each of them is admitted with the ones before it queued. While
         characters cost nothing, checking the last one is enough (a wait estimate only
@@ -119,7 +135,7 @@ class Batcher:
                 queued_chars += chars - each[-1]
             for request, own in zip(requests[first:], each[first:], strict=True):
                 if not admission.admits(tier, queued, ready, deadline_in, over, queued_chars,
-                                        len(request), own, over_chars):
+                                        len(request), own, over_chars, joining):
                     return False
                 queued += len(request)
                 queued_chars += own
@@ -129,6 +145,8 @@ class Batcher:
             item.enqueued = now
         self._queues.put_all(items, tier, chars)
         self._arrivals[tier].add(n, now, chars)
+        if self._offered is not None:  # refused, they are counted one by one in `admit`
+            self._offered[tier].add(n, now)
         self._recent.extend([(now, len(request)) for request in requests])
         return True
 
@@ -202,14 +220,17 @@ class Batcher:
         items = sum(n for _, n in self._recent) - self._recent[0][1]
         return max(average, items / span if span > 0 else math.inf)
 
-    def expected_wait(self, tier: Tier, now: float, ready: int) -> float:
-        """Admission's estimate for a new item of `tier` now (inf with no worker ready)."""
+    def expected_wait(self, tier: Tier, now: float, ready: int,
+                      joining: Sequence[float] = ()) -> float:
+        """Admission's estimate for a new item of `tier` now (inf with no worker ready or
+        on its way)."""
         if self._admission is None:
             return 0.0
         over, over_chars = self._overtaking(tier, now)
         return self._admission.estimate(
             self._queues.depth_through(tier), ready, over,
             queued_chars=self._queues.chars_through(tier), overtaking_chars=over_chars,
+            joining=joining,
         )
 
     def _overtaking(self, tier: Tier, now: float) -> tuple[float, float]:

@@ -76,6 +76,9 @@ class CoreActions:
     batch_seconds: list[tuple[float, str]] = field(default_factory=list)
     forgive: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
     switch: list[tuple[WorkerId, str]] = field(default_factory=list)  # idle -> version key
+    grow: list[str] = field(default_factory=list)  # a new worker holding each version
+    retire: list[WorkerId] = field(default_factory=list)  # idle workers leaving for good
+    cancel_start: list[str] = field(default_factory=list)  # a worker of each not yet up
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
@@ -84,6 +87,9 @@ class CoreActions:
         self.batch_seconds += other.batch_seconds
         self.forgive += other.forgive
         self.switch += other.switch
+        self.grow += other.grow
+        self.retire += other.retire
+        self.cancel_start += other.cancel_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +150,9 @@ class DispatchCore:
         # Workers on their way (a version being loaded): admission counts them while none
         # is ready, so that a request for a cold version is queued, not refused.
         self.arriving = 0
+        # When each worker being added for this version is expected up (absolute, sorted;
+        # `failover.models.capacity`): admission counts them from then on.
+        self.joining: tuple[float, ...] = ()
         self.version = ""  # the model version it serves, for metrics ("": the only one)
 
     # -- the front door's events -----------------------------------------------------------
@@ -156,7 +165,8 @@ class DispatchCore:
         turn. Under load two workers are often idle while the trigger holds back, and a turn
         for every arrival then cost the core process more than the dispatch itself."""
         was_empty = len(self._batcher) == 0
-        self._admit(items, deadline_in, now, self._table.ready_count() or self.arriving)
+        self._admit(items, deadline_in, now, self._table.ready_count() or self.arriving,
+                    self._joining(now) if self.joining else ())
         return self._must_turn(was_empty, now)
 
     def admit_all(
@@ -166,6 +176,7 @@ class DispatchCore:
         one's refusal or None, and whether the owner must take a turn, decided once."""
         was_empty = len(self._batcher) == 0
         ready = self._table.ready_count() or self.arriving
+        joining = self._joining(now) if self.joining else ()
         refusals: list[Refusal | None] = []
         start, end = 0, len(requests)
         while start < end:  # a run of one tier and one deadline at a time
@@ -176,19 +187,29 @@ class DispatchCore:
                 stop += 1
             if stop - start > 1 and not self._quarantine and not self._offenders and \
                     self._batcher.admit_run(
-                    [items for items, _ in requests[start:stop]], deadline_in, now, ready):
+                    [items for items, _ in requests[start:stop]], deadline_in, now, ready,
+                    joining):
                 refusals += [None] * (stop - start)
             else:
                 for items, deadline_in in requests[start:stop]:
                     try:
-                        self._admit(items, deadline_in, now, ready)
+                        self._admit(items, deadline_in, now, ready, joining)
                         refusals.append(None)
                     except BatchgateError as exc:
                         refusals.append(exc)
             start = stop
         return refusals, self._must_turn(was_empty, now)
 
-    def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int) -> None:
+    def count_offered(self) -> None:
+        """The pool may grow: meter what each tier offers, refused or not (`Batcher`)."""
+        self._batcher.count_offered()
+
+    def _joining(self, now: float) -> tuple[float, ...]:
+        """Seconds from `now` until each worker on its way is expected up."""
+        return tuple(max(0.0, at - now) for at in self.joining)
+
+    def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int,
+               joining: tuple[float, ...] = ()) -> None:
         if self._quarantine and self._quarantine.holds((i.text for i in items), now):
             raise QueryOfDeath("this input killed a worker when run alone; refused for a while")
         if self._table.suspected and self._suspect(items, now):
@@ -197,7 +218,7 @@ class DispatchCore:
         if self._offenders and (wait := self._offenders.refused_for(items[0].caller, now)):
             raise CallerRefused("inputs of this caller killed workers again and again; "
                                 "refused for a while", retry_after=wait)
-        self._batcher.admit(items, deadline_in, now, ready)
+        self._batcher.admit(items, deadline_in, now, ready, joining)
 
     def _suspect(self, items: list[Item], now: float) -> bool:
         """Whether an input is under suspicion; suspicions older than `SUSPECT_TTL` are
@@ -270,7 +291,7 @@ class DispatchCore:
         self._table.peak_ready = self._table.ready_count()  # the version's pool shrank
         return True
 
-    def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
+    def worker_died(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
         self._stop_clock(worker, now)
         actions = self._table.on_worker_died(worker, now)
         for item, result in actions.deliver:
@@ -346,7 +367,8 @@ class DispatchCore:
 
     def expected_wait(self, tier: Tier, now: float) -> float:
         """Admission's estimate for a new item of `tier` (seconds; inf with no worker)."""
-        return self._batcher.expected_wait(tier, now, self._table.ready_count())
+        return self._batcher.expected_wait(tier, now, self._table.ready_count(),
+                                           self._joining(now) if self.joining else ())
 
     @property
     def draining(self) -> bool:
