@@ -211,7 +211,8 @@ class CoreOwner:
             if isinstance(event, _Reply):
                 actions.extend(core.reply(event.worker, event.reply, now, event.at))
             elif isinstance(event, _Died):
-                actions.extend(core.worker_died(event.worker, now))
+                version = self._pool.version_of(event.worker) or ""
+                actions.extend(core.worker_died(event.worker, now, version))
             else:
                 version = self._pool.version_of(event.worker) or ""
                 actions.extend(core.worker_ready(event.worker, now, version))
@@ -230,6 +231,13 @@ class CoreOwner:
         for worker, version in actions.switch:
             assert self._loads is not None, "a switch needs the versions' loads"
             self._pool.switch(worker, self._loads(version))
+        for version in actions.grow:
+            assert self._loads is not None, "a worker added needs the versions' loads"
+            self._pool.add(self._loads(version))
+        for worker in actions.retire:
+            self._pool.retire(worker)
+        for version in actions.cancel_start:
+            self._pool.cancel_start(version)
         for seconds, version in actions.batch_seconds:
             observer.batch_done(seconds, version)
         for item, result in actions.settle:

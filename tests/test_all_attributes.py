@@ -7,7 +7,8 @@ import sys
 import pytest
 
 PACKAGES = ["batcher", "gpu_pool", "failover", "api", "gpu_pool.models", "api.config", "api.http",
-            "api.door", "api.gateway", "api.cell", "failover.state"]
+            "api.door", "api.gateway", "api.cell", "failover.state", "failover.scaling",
+            "api.metrics"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

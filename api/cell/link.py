@@ -250,7 +250,7 @@ class LinkServer:
     def __init__(self, door: Door, clock: Clock, status: StatusView) -> None:
         self._door, self._clock = door, clock
         self._calls: dict[str, Callable[..., Awaitable[Any]]] = {
-            "ready": status.ready, "workers": status.workers,
+            "ready": status.ready, "workers": status.workers, "capacity": status.capacity,
             "metrics_text": status.metrics_text, "cell": status.cell,
             "models": status.models,
         }

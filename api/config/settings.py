@@ -43,6 +43,33 @@ def parse_gateways(text: str) -> int:
     return int(text)
 
 
+class Workers(int):
+    """`--workers`: N (a fixed pool) or MIN:MAX (the pool follows the load within them). As
+    an int it is the count the pool starts with; `most` is the most it may grow to."""
+
+    most: int
+
+    def __new__(cls, least: int, most: int | None = None) -> Workers:
+        self = super().__new__(cls, least)
+        self.most = least if most is None else most
+        return self
+
+    def __reduce__(self) -> tuple[type[Workers], tuple[int, int]]:
+        return Workers, (int(self), self.most)
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        return f"{int(self)}:{self.most}" if self.most != int(self) else str(int(self))
+
+
+def parse_workers(text: str) -> Workers:
+    """N, or MIN:MAX."""
+    least, colon, most = text.strip().partition(":")
+    return Workers(int(least), int(most) if colon else None)
+
+
 class StateSpec(NamedTuple):
     """`--state`: `memory`, `sqlite` (`path`), or `redis` (`host`, `port`, `db`)."""
 
@@ -101,7 +128,12 @@ class Settings:
         "replaces --model, which is a catalogue of one model named default"))
     workers: int = field(default=1, metadata=doc(
         "workers, one per GPU: processes on this host (pinned with CUDA_VISIBLE_DEVICES; on "
-        "the CPU the cores are split among them), or with --pool ray actors in the cluster"))
+        "the CPU the cores are split among them), or with --pool ray actors in the cluster; "
+        "MIN:MAX: as many as the load needs within those bounds, starting with MIN",
+        parse=parse_workers))
+    scale_down_delay_s: float = field(default=300.0, metadata=doc(
+        "with --workers MIN:MAX, how long capacity must stay well above demand before a "
+        "worker is retired (one at a time), and how long after a scale-up none is"))
     gateways: int = field(default=1, metadata=doc(
         "HTTP gateway processes in front of one core, or auto (1: a single process)",
         parse=parse_gateways))
@@ -189,6 +221,16 @@ class Settings:
         "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
 
+    @property
+    def max_workers(self) -> int:
+        """The most workers the pool may hold (`workers` when fixed)."""
+        return getattr(self.workers, "most", self.workers)
+
+    @property
+    def scaling(self) -> bool:
+        """Whether the pool follows the load (--workers MIN:MAX with MAX above MIN)."""
+        return self.max_workers > self.workers
+
     def state_spec(self) -> StateSpec:
         """`--state` parsed: where kept answers live."""
         return parse_state(self.state)
@@ -196,6 +238,9 @@ class Settings:
     def __post_init__(self) -> None:
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
         _check(self.workers >= 1, f"workers must be at least 1, got {self.workers}")
+        _check(self.max_workers >= self.workers,
+               f"workers MIN:MAX needs MAX >= MIN, got {self.workers}")
+        _check(self.scale_down_delay_s >= 0, "scale-down-delay-s must be >= 0")
         _check(self.pool in POOLS, f"pool must be process or ray, got {self.pool!r}")
         _check(self.gpus is None or self.gpus >= 0, f"gpus must be >= 0, got {self.gpus}")
         _check(1 <= self.gateways <= 64, f"gateways must be within 1..64, got {self.gateways}")
@@ -248,5 +293,5 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-__all__ = ["STATE_FORMS", "Settings", "StateSpec", "doc", "parse_bool", "parse_gateways",
-           "parse_state"]
+__all__ = ["STATE_FORMS", "Settings", "StateSpec", "Workers", "doc", "parse_bool",
+           "parse_gateways", "parse_state", "parse_workers"]

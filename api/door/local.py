@@ -155,6 +155,9 @@ class LocalCore:
     async def workers(self) -> list[dict[str, Any]]:
         return await self._status.workers()
 
+    async def capacity(self) -> tuple[int, int, int] | None:
+        return await self._status.capacity()
+
     async def metrics_text(self) -> bytes:
         return await self._status.metrics_text()
 

@@ -18,7 +18,7 @@ from anyio.abc import TaskStatus
 
 from api.config import Settings, TierPolicy
 from api.door.limits import pressure_factor
-from api.metrics import Snapshot, VersionGauges
+from api.metrics import ScalingGauges, Snapshot, VersionGauges
 from batcher import FlushPolicy, MonotonicClock, Tier
 from failover import (
     CoreObserver,
@@ -30,9 +30,11 @@ from failover import (
     MemoryIdempotencyStore,
     build_core,
 )
+from failover.models.capacity import Capacity, CapacityGauges
 from failover.models.catalogue import Catalogue, load_catalogue
 from failover.models.cores import ModelCores
 from failover.models.placement import REASONS, SwitchCost
+from failover.scaling import Scaler, ScalerSettings
 from failover.state import (
     BackedStore,
     KeptState,
@@ -113,6 +115,24 @@ def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy],
     )
 
 
+def build_capacity(settings: Settings, gpus: int) -> Capacity:
+    """The pool's size: the scaling rule for `--workers MIN:MAX`; for a fixed pool a rule
+    whose bounds are its size, which never scales but counts its restarts as workers on their
+    way (the door's Retry-After says when they come). A pool of processes never holds more
+    workers than the host has GPUs. ValueError with a readable message."""
+    if settings.scaling and settings.pool == "process" and 0 < gpus < settings.max_workers:
+        raise ValueError(f"workers {settings.workers} asks for up to {settings.max_workers} "
+                         f"workers on this host, which has {gpus} GPUs")
+    delay = settings.scale_down_delay_s
+    # A peak is remembered no longer than the pool waits before it shrinks.
+    long = min(60.0, max(delay, 2.0))
+    return Capacity(Scaler(ScalerSettings(
+        min_workers=settings.workers, max_workers=settings.max_workers,
+        capacity=settings.max_batch / max(latency_floor(settings), 0.1),
+        scale_down_delay_s=delay, down_step_s=delay / 10,
+        long_window_s=long, short_window_s=min(10.0, long / 2))))
+
+
 class Service:
     def __init__(
         self, settings: Settings, observer: CoreObserver, tiers: dict[Tier, TierPolicy],
@@ -134,8 +154,10 @@ class Service:
         def load(version: str) -> Load:
             return load_of(settings, self.models.catalogue, version)
 
-        self.models = ModelCores(catalogue, make_core, SwitchCost())
+        self.models = ModelCores(catalogue, make_core, SwitchCost(),
+                                 build_capacity(settings, gpus))
         loads = tuple(load(v) for v in self.models.initial(settings.workers))
+        self.models.starting([v.version for v in loads], self.clock.now())
         claimable = tuple(load(v) for v in catalogue.versions())
         self.pool: Pool = pool or build_pool(settings, gpus, loads, claimable)
         self.core = CoreOwner(self.models, self.pool, self.clock, observer=observer,
@@ -202,6 +224,10 @@ class Service:
     def workers(self) -> list[WorkerInfo]:
         return self.pool.workers()
 
+    def capacity(self) -> CapacityGauges | None:
+        """The pool's size as the scaling rule sees it (a fixed pool: its size)."""
+        return self.models.capacity(self.clock.now())
+
     def snapshot(self) -> Snapshot:
         """What a scrape shows; the loads measured since the previous one are handed over
         (taken from the cores, so each is observed once)."""
@@ -220,6 +246,7 @@ class Service:
         loads.update(models.loads)
         measured = tuple(models.load_seconds)
         models.load_seconds.clear()
+        capacity = self.capacity()
         return Snapshot(
             core=self.core.statistics(),
             workers=self.pool.state_counts(),
@@ -233,6 +260,9 @@ class Service:
                       for version, stats in by_version.items()},
             loads=loads,
             load_seconds=measured,
+            scaling=None if capacity is None else ScalingGauges(
+                capacity.desired, capacity.starting, capacity.running, capacity.eta_s,
+                capacity.events),
         )
 
 
@@ -283,7 +313,8 @@ def build_pool(settings: Settings, gpus: int, loads: tuple[Load, ...] = (),
     resources = parse_resources(settings.ray_worker_resources)
     cell = CellIdentity.from_env(os.environ)  # None outside a cell: actors die with the process
     return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources,
-                                   cell=cell, claimable=claimable))
+                                   cell=cell, claimable=claimable,
+                                   max_workers=settings.max_workers))
 
 
 __all__ = ["Service", "build_pool", "build_state", "check_core_settings", "core_settings",

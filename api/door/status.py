@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from api.door.models import ModelsAdmin
 from api.metrics import Metrics
+from failover.models.capacity import CapacityGauges
 from gpu_pool import WorkerInfo
 
 
@@ -24,6 +25,8 @@ class Running(Protocol):
     def ready(self) -> bool: ...
 
     def workers(self) -> list[WorkerInfo]: ...
+
+    def capacity(self) -> CapacityGauges | None: ...
 
 
 class StatusView:
@@ -52,6 +55,11 @@ class StatusView:
     async def workers(self) -> list[dict[str, Any]]:
         """Plain records: they cross the link to gateways, which never load the pool."""
         return [asdict(w) for w in self._service.workers()]
+
+    async def capacity(self) -> tuple[int, int, int] | None:
+        """(desired, starting, running) as the scaling rule sees them; None: a fixed pool."""
+        gauges = self._service.capacity()
+        return None if gauges is None else (gauges.desired, gauges.starting, gauges.running)
 
     async def metrics_text(self) -> bytes:
         return self._metrics.render()

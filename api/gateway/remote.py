@@ -270,6 +270,10 @@ class RemoteCore:
         result: list[dict[str, Any]] = await self._call("workers")
         return result
 
+    async def capacity(self) -> tuple[int, int, int] | None:
+        result: tuple[int, int, int] | None = await self._call("capacity")
+        return result
+
     async def cell(self) -> dict[str, Any]:
         result: dict[str, Any] = await self._call("cell")
         return result

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -23,7 +24,7 @@ from api.http.collation import QUIET, ClientWatch
 from api.http.fastpath import HttpCall, JsonAnswer
 from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id
 from api.http.parsing import Limits, parse_body, parse_timeout
-from api.metrics import Metrics
+from api.metrics import Metrics, pool_capacity
 
 log = logging.getLogger("batchgate.api")
 
@@ -41,6 +42,10 @@ class CoreView(Protocol):
     async def ready(self) -> dict[str, object]: ...
 
     async def workers(self) -> list[dict[str, Any]]: ...
+
+    async def capacity(self) -> tuple[int, int, int] | None:
+        """(desired, starting, running) workers as the scaler counts them; None: a fixed
+        pool (`--workers N`), whose counts the worker list gives."""
 
     async def metrics_text(self) -> bytes: ...
 
@@ -169,9 +174,13 @@ class Routes:
         if not self.keys.is_admin(request.headers.get("authorization")):
             return error_response("unauthorized", "an admin key is required")
         workers = await self.core.workers()
-        body = {"workers": workers, **await self.core.cell()}
+        capacity = await self.core.capacity()
+        if capacity is None:
+            capacity = pool_capacity(Counter(str(w["state"]) for w in workers))
+        desired, starting, running = capacity
+        body = {"workers": workers, "desired": desired, "starting": starting,
+                "running": running, **await self.core.cell()}
         return Response(orjson.dumps(body), media_type=JSON)
-
 
     async def admin_models(self, request: Request) -> Response:
         """GET /admin/models, PUT /admin/models/{name},

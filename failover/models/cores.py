@@ -1,28 +1,22 @@
-"""Several versions on one pool: one dispatch core per live version, and placement.
+"""Several versions on one pool: one dispatch core per live version, placement, and the
+pool's size.
 
-Each version ("model@version") has a dispatch core of its own (its tier queues, in-flight
-table and admission), so a batch holds one version's items and runs on a worker of that
-version, and everything the core guarantees (exactly-once settlement through deaths,
-hedges, bisection; tier order) holds per version as it does for one model. A worker belongs
-to the core of the version it holds. Placement (`failover.models.placement`) decides which
-idle workers switch to which version; a switch takes the worker out of its core at once and
-hands the pool the new version to load (`CoreActions.switch`); the new incarnation, under a
-new worker id, joins the new version's core when it is ready. A dead worker's slot starts its
-version again: that restart counts as a load under way too, so that placement sends no second
-worker to cover the gap, and admission quotes what is left of it.
+Each version ("model@version") has a dispatch core of its own (tier queues, in-flight table,
+admission), so a batch holds one version's items and runs on a worker holding it, and what a
+core guarantees (exactly-once settlement through deaths, hedges, bisection; tier order) holds
+per version. A worker belongs to the core of the version it holds. Placement
+(`failover.models.placement`) switches idle workers between versions; the scaling rule
+(`failover.models.capacity`) adds and retires workers; every load under way (a switch, a
+restart, a worker added: `failover.models.loads`) is seen by both, and admission counts it
+at its ETA. The one-model case costs a dictionary lookup per event: placement runs only
+while the catalogue holds more than one live version or a version is leaving.
 
-The one-model case costs a dictionary lookup per event: placement runs only while the
-catalogue holds more than one live version or a version is leaving.
-
-Rollout: a model's new default takes effect (for requests that name no version and carry
-no weights) only once it is resident on as many workers as the old default, or after
-`ROLLOUT_TIMEOUT_S`; meanwhile the switches are made here, one load at a time, from idle
-workers of the old default past their residency. So a rollout never sends traffic to a cold
-version.
-
-Cold start: a request for a version with no worker waits, or is refused `ModelLoading` when
-its deadline cannot fit the ETA (what is left of a load, else a load once some worker may
-leave); until the Retry-After it was told, the refusal asks placement for the load.
+Rollout: a model's new default takes effect (for requests naming no version and carrying no
+weights) once resident on as many workers as the old, or after `ROLLOUT_TIMEOUT_S`; the
+switches are made here, one load at a time, from the old default's idle workers past their
+residency. Cold start: a request for a version with no worker waits, or is refused
+`ModelLoading` when its deadline cannot fit the ETA; until the Retry-After it was told, the
+refusal asks placement for the load.
 """
 
 from __future__ import annotations
@@ -35,7 +29,9 @@ from dataclasses import dataclass
 from batcher import BatchgateError, Item, Tier
 from failover.core import CoreActions, CoreStatistics, DispatchCore, Refusal
 from failover.errors import ModelLoading, UnknownModel
+from failover.models.capacity import Capacity, CapacityGauges, Idle
 from failover.models.catalogue import Catalogue, split_key
+from failover.models.loads import Loads
 from failover.models.placement import (
     Placement,
     PlacementSettings,
@@ -49,7 +45,7 @@ from gpu_pool import Err, Ok, WorkerId
 
 ROLLOUT_TIMEOUT_S = 300.0  # a new default takes effect after this even if not yet resident
 DEFAULT_LOAD_S = 30.0  # a version's load time before one is measured or hinted
-MEASURE_WEIGHT = 0.3  # of the newest load in a version's measured load time
+RETIRED_KEPT = 1024  # workers retired whose death the pool may still report
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,25 +65,27 @@ class ModelCores:
 
     def __init__(
         self, catalogue: Catalogue, make_core: Callable[[str, Catalogue], DispatchCore],
-        placement: Placement,
+        placement: Placement, capacity: Capacity | None = None,
     ) -> None:
         """`make_core`: a new dispatch core for a version of the catalogue (its batch
-        latency assumed until measured is the version's own)."""
+        latency assumed until measured is the version's own). `capacity`: the pool's size
+        follows the load (None: a fixed pool)."""
         self._make_core = make_core
+        self._capacity = capacity
+        self._metered = capacity if capacity is not None and capacity.scales else None
         self._placement = placement
         self._cores: dict[str, DispatchCore] = {}
         self._of: dict[WorkerId, str] = {}  # workers up, by the version they hold
         self._since: dict[WorkerId, float] = {}  # when each became resident
-        self._switching: dict[WorkerId, tuple[str, float, str]] = {}  # old -> to, since, from
-        self._restarts: dict[str, list[float]] = {}  # crashed workers' slots starting again
-        self._measured: dict[str, float] = {}  # load seconds, by version
+        self._loads = Loads(capacity)  # switches, restarts and workers added, under way
+        self._retired: dict[WorkerId, str] = {}  # retired workers (newest last), by version
         self._last_arrival: dict[str, float] = {}
         self._promised: dict[str, float] = {}  # cold versions: the Retry-After told, until
         self._effective: dict[str, str] = {}  # model -> the default requests get now
         self._rollout_since: dict[str, float] = {}
         self._draining = False
         self.loads: Counter[tuple[str, str]] = Counter()  # (version, reason) -> switches
-        self.load_seconds: list[float] = []  # measured loads not yet read by metrics
+        self.load_seconds = self._loads.seconds  # measured loads not yet read by metrics
         self._live_versions: frozenset[str] = frozenset()  # the catalogue's, kept with it
         self._only: str | None = None
         self._next_check = math.inf  # when placement next has something to say unasked
@@ -151,6 +149,8 @@ class ModelCores:
 
     # -- the front door ------------------------------------------------------------------
     def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
+        if self._metered is not None:  # offered, admitted or not: refused demand is demand
+            self._metered.arrived(len(items), now, items[0].tier is Tier.PAID)
         sole, version = self._sole, items[0].version
         if sole is not None and (version == sole.version or not version):
             return sole.admit(items, deadline_in, now)
@@ -161,6 +161,9 @@ class ModelCores:
     def admit_all(
         self, requests: Sequence[tuple[list[Item], float]], now: float
     ) -> tuple[list[Refusal | None], bool]:
+        if self._metered is not None:
+            for items, _ in requests:
+                self._metered.arrived(len(items), now, items[0].tier is Tier.PAID)
         sole = self._sole
         if sole is not None and all(r[0][0].version in (sole.version, "") for r in requests):
             return sole.admit_all(requests, now)
@@ -214,7 +217,8 @@ class ModelCores:
     # -- the pool's events ---------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
         """Incarnation `worker` holds `version`, loaded."""
-        self._arrived(version, now)
+        self._loads.arrived(version, now)
+        self._joining(now)
         core = self._cores.get(version)
         if core is None:  # gone from the catalogue while it loaded: it leaves when idle
             core = self._cores[version] = self._new_core(version)
@@ -229,44 +233,64 @@ class ModelCores:
             return CoreActions()
         return self._placed(self._cores[version].reply(worker, reply, now, at), now)
 
-    def worker_died(self, worker: WorkerId, now: float) -> CoreActions:
+    def worker_died(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
         """Its slot starts its version again: a load under way, as a switch's is, so that
-        placement does not send a second worker to fill the gap meanwhile."""
+        placement does not send a second worker to fill the gap meanwhile (and the pool's
+        size counts it once). `version`: what it held or loaded, as the pool says."""
         self._since.pop(worker, None)
-        pending = self._switching.pop(worker, None)
-        if pending is not None:  # died before the pool switched it: it restarts as it was
-            self._restarts.setdefault(pending[2], []).append(now)
-            return self._placed(CoreActions(), now)
-        version = self._of.pop(worker, None)
-        if version is None:  # died loading: its slot loads the same version again
+        serving = self._of.pop(worker, None)
+        held = serving or self._loads.switch_died(worker) or self._retired.pop(worker, None)
+        if held is None:  # died loading: its slot loads the same version again
+            if version and self._capacity is not None:
+                self._loads.failed(version, now, self._load_s(version))
+                self._joining(now)
             return CoreActions()
-        self._restarts.setdefault(version, []).append(now)
-        return self._placed(self._cores[version].worker_died(worker, now), now)
-
-    def _arrived(self, version: str, now: float) -> None:
-        """An incarnation of `version` is up: it ends the load under way that began first
-        (a restart or a switch; the pool does not say which). A switch's time is measured."""
-        restarts = self._restarts.get(version, [])
-        switch = min(((since, old) for old, (to, since, _) in self._switching.items()
-                      if to == version), default=None)
-        if restarts and (switch is None or restarts[0] <= switch[0]):
-            del restarts[0]
-            if not restarts:
-                del self._restarts[version]
-        elif switch is not None:
-            del self._switching[switch[1]]
-            load = now - switch[0]
-            before = self._measured.get(version)
-            self._measured[version] = load if before is None else (
-                (1 - MEASURE_WEIGHT) * before + MEASURE_WEIGHT * load)
-            self.load_seconds.append(load)
+        self._loads.start(held, now, "restart", self._load_s(held))
+        self._joining(now)
+        if serving is None:  # died before the pool switched or retired it: it restarts
+            return self._placed(CoreActions(), now)
+        return self._placed(self._cores[held].worker_died(worker, now), now)
 
     # -- time ----------------------------------------------------------------------------
     def poll(self, now: float) -> CoreActions:
         out = CoreActions()
         for core in self._cores.values():
             out.extend(core.poll(now))
-        return self._placed(out, now)
+        out = self._placed(out, now)
+        if self._metered is not None and not self._draining and now >= self._metered.due():
+            self._scale(now, out)  # after placement: it sees the starts the rule takes back
+        return out
+
+    def _scale(self, now: float, out: CoreActions) -> None:
+        """Ask the scaling rule; take the workers it retires out of their cores."""
+        assert self._capacity is not None
+        idle = [Idle(w, v, self._since[w]) for w, v in self._of.items()
+                if self._cores[v].is_idle(w)]
+        running = self.ready_count() + len(self._loads.switching)  # a switch keeps its worker
+        grown, taken = len(out.grow), len(out.cancel_start)
+        for worker in self._capacity.step(now, running, self._views(now), idle, self._load_s,
+                                          out):
+            version = self._of[worker]
+            if self._cores[version].worker_left(worker):
+                del self._of[worker]
+                self._since.pop(worker, None)
+                self._retired[worker] = version  # until the pool has let it go, it may die
+                while len(self._retired) > RETIRED_KEPT:
+                    del self._retired[next(iter(self._retired))]
+            else:  # cannot happen: it was idle this turn; keep it, nothing was sent
+                out.retire.remove(worker)
+        for version in out.grow[grown:]:
+            self._loads.start(version, now, "add", self._load_s(version))
+        for version in out.cancel_start[taken:]:
+            self._loads.cancel(version)
+        self._joining(now)
+
+    def _joining(self, now: float) -> None:
+        """Tell each version's core when its workers on their way are expected up."""
+        if self._capacity is None:
+            return
+        for version, core in self._cores.items():
+            core.joining = self._capacity.joining(version, now, self._load_s(version))
 
     def stalled(self, seconds: float) -> None:
         for core in self._cores.values():
@@ -276,7 +300,8 @@ class ModelCores:
         """The cores' earliest, or placement's next look (or a rollout's timeout) if sooner."""
         cores = min((core.next_deadline() for core in self._cores.values()), default=math.inf)
         rollouts = min(self._rollout_since.values(), default=math.inf) + ROLLOUT_TIMEOUT_S
-        return min(cores, self._next_check, rollouts)
+        scale = math.inf if self._metered is None or self._draining else self._metered.due()
+        return min(cores, self._next_check, rollouts, scale)
 
     # -- placement -----------------------------------------------------------------------
     def _placed(self, out: CoreActions, now: float) -> CoreActions:
@@ -307,7 +332,7 @@ class ModelCores:
             return
         del self._of[switch.worker]
         self._since.pop(switch.worker, None)
-        self._switching[switch.worker] = (switch.to, now, version)
+        self._loads.switch(switch.worker, switch.to, now, version)
         self.loads[(switch.to, switch.reason)] += 1
         out.switch.append((switch.worker, switch.to))
 
@@ -352,9 +377,7 @@ class ModelCores:
                 retired=not self._live(version),
                 wanted=self._wanted(version, now),
                 resident=core.ready_count(),
-                load_started=min([since for to, since, _ in self._switching.values()
-                                  if to == version] + self._restarts.get(version, []),
-                                 default=math.inf),
+                load_started=self._loads.began(version),
             ))
         return views
 
@@ -397,11 +420,10 @@ class ModelCores:
         return 0 if core is None else core.ready_count()
 
     def _loading(self, version: str) -> int:
-        return (sum(to == version for to, _, _ in self._switching.values())
-                + len(self._restarts.get(version, ())))
+        return self._loads.under_way(version)
 
     def _load_s(self, version: str) -> float:
-        measured = self._measured.get(version)
+        measured = self._loads.measured.get(version)
         if measured is not None:
             return measured
         name, short = split_key(version)
@@ -412,14 +434,17 @@ class ModelCores:
 
     def _eta(self, version: str, now: float) -> float:
         """Seconds until a worker of `version` should be ready: what is left of its load
-        under way, else a load once a batch and some worker's residency let it leave."""
+        under way, else a load once a batch and some worker's residency let it leave (or
+        a worker added for it, sooner)."""
         view = next(v for v in self._views(now) if v.version == version)
+        joining = self._cores[version].joining
+        added = max(0.0, joining[0] - now) if joining else math.inf
         eta = min(load_eta(view, now), self._load_s(version) + self._longest_batch())
         if view.loading:
-            return eta
+            return min(eta, added)
         leave = min((self._since[w] + self._min_resident(self._load_s(v)) if self._live(v)
                      else now for w, v in self._of.items()), default=now)
-        return max(eta, leave - now + self._load_s(version))
+        return min(max(eta, leave - now + self._load_s(version)), added)
 
     def _longest_batch(self) -> float:
         return max((core.batch_latency() for core in self._cores.values()), default=0.1)
@@ -427,6 +452,8 @@ class ModelCores:
     def _new_core(self, version: str) -> DispatchCore:
         core = self._make_core(version, self.catalogue)
         core.version = version
+        if self._capacity is not None:
+            core.count_offered()
         if self._draining:
             core.drain()
         return core
@@ -438,7 +465,7 @@ class ModelCores:
             state = ("retired" if not self._live(version) else "resident" if resident
                      else "loading" if loading else "cold")
             out.append(VersionState(version, state, resident, loading,
-                                    core.demand(now).queued, self._measured.get(version)))
+                                    core.demand(now).queued, self._loads.measured.get(version)))
         return out
 
     def initial(self, workers: int) -> list[str]:
@@ -470,15 +497,27 @@ class ModelCores:
     def ready_count(self) -> int:
         return sum(core.ready_count() for core in self._cores.values())
 
+    def starting(self, versions: Sequence[str], now: float) -> None:
+        """The pool starts with workers holding `versions`: starts the scaling rule counts
+        until they are up (the first start-ups are measured)."""
+        for version in versions:
+            self._loads.start(version, now, "add", self._load_s(version))
+        self._joining(now)
+
+    def capacity(self, now: float) -> CapacityGauges | None:
+        """The pool's size as the rule sees it (None: a fixed pool)."""
+        running = self.ready_count()
+        return None if self._capacity is None else self._capacity.gauges(now, running)
+
     def first_version(self) -> str:
         """The version a request without `model` gets now, unless weights choose."""
         return self._effective[self.catalogue.first.name]
 
     def expected_wait(self, tier: Tier, now: float) -> float:
-        """The longest estimate over the versions that have workers: the rate limits
-        tighten on the busiest."""
+        """The longest estimate over the versions that have workers (up, or on their way):
+        the rate limits tighten on the busiest."""
         waits = [core.expected_wait(tier, now) for core in self._cores.values()
-                 if core.ready_count()]
+                 if core.ready_count() or core.joining]
         return max(waits, default=math.inf)
 
     @property

@@ -4,7 +4,6 @@ its run and drain over a fake pool (on asyncio's clock, the service's own)."""
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -140,8 +139,10 @@ async def test_a_service_whose_workers_never_come_up_fails_loudly() -> None:
 @pytest.mark.anyio
 async def test_pressure_is_the_expected_wait_over_the_tiers_budget() -> None:
     service = service_over(FakePool())
-    assert service.pressure(Tier.FREE) == math.inf  # no worker yet: nothing could run it
-    assert service.snapshot().tier_gauges["estimated_wait_seconds"]["free"] == -1.0
+    # No worker up yet: the first ones are on their way, at a load's ETA (30 s, unmeasured)
+    assert service.pressure(Tier.FREE) == pytest.approx((30.0 + 0.1) / 0.25, abs=0.2)
+    assert service.snapshot().tier_gauges["estimated_wait_seconds"]["free"] == \
+        pytest.approx(30.1, abs=0.05)
     async with running(service):
         # nothing queued: one batch of 100 ms, against 250 ms (free) and 400 ms (paid)
         assert service.pressure(Tier.FREE) == pytest.approx(0.4)

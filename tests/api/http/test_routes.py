@@ -62,6 +62,9 @@ class FakeCore:
     async def workers(self) -> list[dict[str, Any]]:
         return [{"id": 1, "state": "ready"}]
 
+    async def capacity(self) -> tuple[int, int, int] | None:
+        return None  # a fixed pool: counted from the workers
+
     async def metrics_text(self) -> bytes:
         return b"batchgate_up 1\n"
 
@@ -221,7 +224,8 @@ async def test_the_workers_listing_needs_an_admin_key() -> None:
                                  headers={"Authorization": "Bearer admin-demo-key"})
     assert anyone.status_code == paid.status_code == 401
     assert admin.status_code == 200
-    assert admin.json() == {"workers": [{"id": 1, "state": "ready"}], "gateways": [{"slot": 0}],
+    assert admin.json() == {"workers": [{"id": 1, "state": "ready"}], "desired": 1,
+                            "starting": 0, "running": 1, "gateways": [{"slot": 0}],
                             "core": {"pid": 7}}
 
 

@@ -1,10 +1,5 @@
-"""Prometheus metrics: a few counters and histograms on the hot path, and gauges read from
-each component's `statistics()` at scrape time (the components hold no metric objects).
-
-The request, queue and batch series carry `model` and `version` labels, the version that
-ran's ("topics@v2": "topics", "v2"). A request answered otherwise (refused, failed, replayed)
-carries what it named if served (a model: version ""), else "" and "": a name from the
-network never makes a series of its own."""
+"""The service's metric objects: a few counters and histograms on the hot path, the
+registry a scrape renders (with a cell's multiprocess folder), and the collector pauses."""
 
 from __future__ import annotations
 
@@ -15,8 +10,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,15 +19,11 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.registry import Collector
 
 from api.errors import ERRORS, RETRIED
+from api.metrics.gauges import NONE, Labels, Snapshot, StatsCollector, split
 from batcher import FlushReason, Tier
-
-if TYPE_CHECKING:  # a gateway renders no gauges and never loads the dispatch core
-    from failover import CoreStatistics, IdempotencyStatistics
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1,
                    2.5, 5, 10, 30)
@@ -52,128 +42,6 @@ REFUSALS = tuple(code for code, error in ERRORS.items() if error.status in RETRI
 USUAL_STATUSES = (200, 429, 500, 503, 504)
 """The statuses `batchgate_requests_total` shows from start-up (client errors come and go)."""
 GC_GENERATIONS = ("0", "1", "2")
-
-Labels = tuple[str, str]  # (model, version)
-NONE: Labels = ("", "")
-
-
-@dataclass(frozen=True, slots=True)
-class VersionGauges:
-    """One version of a model at scrape time."""
-
-    depth: dict[str, int]  # lane -> items waiting
-    resident: int  # workers holding it, ready or busy
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Everything the gauges need, taken at scrape time."""
-
-    core: CoreStatistics
-    workers: dict[str, int]
-    crashes: int
-    tier_gauges: dict[str, dict[str, float]]  # metric name -> tier -> value
-    idempotency: IdempotencyStatistics
-    replacements: int = 0  # workers replaced between batches, over their memory bound
-    # By version key ("topics@v2"); empty: one core of no version (its depth is the core's).
-    versions: dict[str, VersionGauges] = field(default_factory=dict)
-    loads: dict[tuple[str, str], int] = field(default_factory=dict)  # (version, reason)
-    load_seconds: tuple[float, ...] = ()  # loads measured since the previous snapshot
-
-
-def split(version: str) -> Labels:
-    """A version key's labels: "topics@v2" -> ("topics", "v2")."""
-    model, _, short = version.partition("@")
-    return model, short
-
-
-def _family(kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, what: str,
-            labels: list[str], values: Iterable[tuple[Iterable[str], float]]) -> Metric:
-    family = kind(f"batchgate_{name}", what, labels=labels)
-    for names, value in values:
-        family.add_metric(list(names), value)
-    return family
-
-
-class _StatsCollector(Collector):
-    def __init__(self, snapshot: Callable[[], Snapshot],
-                 noted: Callable[[Snapshot], None]) -> None:
-        self._snapshot, self._noted = snapshot, noted
-        self._taken: Snapshot | None = None
-        self._last = (time.monotonic(), 0.0)  # (when, busy seconds) at the previous scrape
-
-    def take(self) -> Snapshot:
-        """Before a scrape renders: its snapshot, noted first (the series it makes show)."""
-        self._taken = taken = self._snapshot()
-        self._noted(taken)
-        return taken
-
-    def collect(self) -> Iterator[Metric]:
-        s, self._taken = self._taken or self.take(), None
-        b, t, store = s.core.batcher, s.core.table, s.idempotency
-        yield from self._versions(s)
-        yield _family(GaugeMetricFamily, "workers", "Workers by state", ["state"],
-                      (((state,), n) for state, n in s.workers.items()))
-        yield _family(CounterMetricFamily, "batch_flush", "Batches cut, by trigger", ["reason"],
-                      (((reason,), n) for reason, n in b.flushes.items()))
-        yield from self._busy(s)
-        for name, what, value in (
-            ("worker_crashes", "Worker processes that died", s.crashes),
-            ("worker_replacements", "Workers replaced between batches for holding more "
-                                    "than --worker-max-rss-mb", s.replacements),
-            ("batch_reroutes", "Batches re-routed after a crash", t.reroutes),
-            ("bisect_runs", "Extra runs spent isolating poison inputs", t.bisect_runs),
-            ("worker_hangs", "Workers killed for a hung batch", s.core.hangs),
-            ("batch_hedges", "Stalled batches re-run on another worker", t.hedges),
-            ("expired_items", "Items dropped in the queue past their deadline", b.expired),
-            ("idempotency_evictions", "Idempotent answers evicted by the bounds",
-             store.evictions),
-        ):
-            yield CounterMetricFamily(f"batchgate_{name}", what, value=value)
-        for name, per_tier in s.tier_gauges.items():
-            yield _family(GaugeMetricFamily, name, name.replace("_", " "), ["tier"],
-                          (((tier,), level) for tier, level in per_tier.items()))
-        for name, what, level in (
-            ("batch_latency_estimate_seconds", "Measured batch latency (EWMA)",
-             s.core.batch_latency),
-            ("arrival_rate", "Items per second arriving (decaying average)", b.arrival_rate),
-            ("idempotency_entries", "Idempotent answers kept", store.entries),
-            ("idempotency_bytes", "What the kept idempotent answers cost, in bytes",
-             store.bytes),
-        ):
-            yield GaugeMetricFamily(f"batchgate_{name}", what, value=level)
-
-    @staticmethod
-    def _versions(s: Snapshot) -> Iterator[Metric]:
-        """Queue depth by lane and version; each version's resident workers and loads."""
-        by = ["model", "version"]
-        depth = [((lane, *split(v)), n) for v, g in s.versions.items()
-                 for lane, n in g.depth.items()]
-        if not s.versions:  # one core of no version
-            depth = [((lane, *NONE), n) for lane, n in s.core.batcher.depth.items()]
-        yield _family(GaugeMetricFamily, "queue_depth", "Items waiting, by lane and version",
-                      ["tier", *by], depth)
-        yield _family(GaugeMetricFamily, "model_resident_workers",
-                      "Workers holding the version (ready or busy)", by,
-                      ((split(v), g.resident) for v, g in s.versions.items()))
-        yield _family(CounterMetricFamily, "model_loads",
-                      "Loads of a version onto a worker, by what asked for it",
-                      [*by, "reason"],
-                      (((*split(v), why), n) for (v, why), n in s.loads.items()))
-
-    def _busy(self, s: Snapshot) -> Iterator[Metric]:
-        """Busy seconds as a counter, and the busy ratio of the ready workers since the
-        previous scrape (the share of GPU time spent on batches)."""
-        now, busy = time.monotonic(), s.core.busy_seconds
-        then, before = self._last
-        self._last = (now, busy)
-        ready = s.workers.get("ready", 0) + s.workers.get("busy", 0)
-        ratio = (busy - before) / ((now - then) * ready) if ready and now > then else 0.0
-        yield CounterMetricFamily("batchgate_worker_busy_seconds",
-                                  "Seconds workers spent holding a batch", value=busy)
-        yield GaugeMetricFamily("batchgate_worker_busy_ratio", "Share of the ready workers' "
-                                "time spent on batches since the previous scrape",
-                                value=min(1.0, ratio))
 
 
 class Metrics:
@@ -228,7 +96,7 @@ class Metrics:
             "batchgate_gc_pause_seconds", "Cyclic garbage collector pauses in this process",
             ["generation"], buckets=PAUSE_BUCKETS, registry=r)
         self._observe_gc: Callable[[], None] = _nothing  # the pauses noted since the last
-        self._stats: _StatsCollector | None = None
+        self._stats: StatsCollector | None = None
         # Labelled children looked up once (`labels()` costs more than the observation), by
         # the model string as it comes: only served versions and models are keys.
         self._answered: dict[tuple[str, int, str], tuple[Any, Any]] = {}
@@ -316,7 +184,7 @@ class Metrics:
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         """Show `snapshot`'s gauges; the versions it serves have their series from now."""
         self._noted(snapshot())
-        self._stats = _StatsCollector(snapshot, self._noted)
+        self._stats = StatsCollector(snapshot, self._noted)
         self._view.register(self._stats)
 
     def watch_gc(self) -> Callable[[], None]:
@@ -396,5 +264,5 @@ def _nothing() -> None:
     pass
 
 
-__all__ = ["GC_GENERATIONS", "REFUSALS", "TIERS", "USUAL_STATUSES", "Metrics", "Snapshot",
-           "VersionGauges", "files_locked", "split"]
+__all__ = ["BATCH_BUCKETS", "GC_GENERATIONS", "LATENCY_BUCKETS", "LOAD_BUCKETS",
+           "PAUSE_BUCKETS", "REFUSALS", "TIERS", "USUAL_STATUSES", "Metrics", "files_locked"]

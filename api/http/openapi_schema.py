@@ -1,0 +1,69 @@
+"""The building blocks of the OpenAPI document's parts (`api.http.openapi`, the public
+surface; `api.http.openapi_admin`, the admin API): operations, objects and error answers
+written once, each error answer from `api/errors.ERRORS`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from api.errors import ERRORS
+
+JsonObject = dict[str, Any]
+ERROR_REF = "#/components/schemas/Error"
+JSON = "application/json"
+ADMIN_ONLY = frozenset({"invalid_change"})  # codes only the admin API answers
+
+
+def error_answer(status: int, hot: bool = False,
+                 only: tuple[str, ...] | None = None) -> JsonObject:
+    """`hot`: the answer of `POST /v1/batchstring` (every code of `status` but the admin
+    API's, and its headers); else the codes `only` names."""
+    codes = {c: e for c, e in ERRORS.items() if e.status == status
+             and (c not in ADMIN_ONLY if hot else only is None or c in only)}
+    headers = {"Server-Timing": header_ref("Server-Timing"),
+               "Idempotent-Replayed": header_ref("Idempotent-Replayed")} if hot else {}
+    if hot and status in (429, 503):
+        headers["Retry-After"] = header_ref("Retry-After")
+    return {
+        "description": "; ".join(f"`{c}`: {e.when}" for c, e in codes.items()),
+        **({"headers": headers} if headers else {}),
+        "content": {JSON: {
+            "schema": {"allOf": [{"$ref": ERROR_REF}, json_object({"error": json_object(
+                {"code": {"type": "string", "enum": list(codes)}, "message": string()})})]},
+            "examples": {c: {"value": {"error": {"code": c, "message": e.when}}}
+                         for c, e in codes.items()}}},
+    }
+
+
+def error_schema(codes: list[str]) -> JsonObject:
+    error = json_object({"code": {"type": "string", "enum": codes}, "message": string()},
+                        ["code", "message"])
+    return json_object({"error": error}, ["error"])
+
+
+def operation(what: str, schema: JsonObject) -> JsonObject:
+    """A GET answering `schema`, described by `what`."""
+    return {"summary": what, "responses": {"200": {"description": what, "content": {
+        JSON: {"schema": schema}}}}}
+
+
+def json_object(props: JsonObject, required: list[str] | None = None,
+                exclude: str | None = None) -> JsonObject:
+    out: JsonObject = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    if exclude:
+        out["not"] = {"required": [exclude]}
+    return out
+
+
+def string() -> JsonObject:
+    return {"type": "string"}
+
+
+def header_ref(name: str) -> JsonObject:
+    return {"$ref": f"#/components/headers/{name}"}
+
+
+__all__ = ["ADMIN_ONLY", "ERROR_REF", "JSON", "JsonObject", "error_answer", "error_schema",
+           "header_ref", "json_object", "operation", "string"]
