@@ -10,11 +10,17 @@ settings.register_profile(
 settings.load_profile("batchgate")
 
 
+SIDE = ("ray/", "failover/", "batcher/", "gpu_pool/", "loadtest/")
+"""What runs beside the rest (`scripts/test`): the Ray cluster's run (tests/ray, about 4
+minutes, a subprocess in a namespace of its own), then the virtual-time and pool tests."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With `-n 2 --dist loadgroup` (scripts/test), the Ray cluster's run (tests/ray, about
-    100 s, a subprocess in a namespace of its own) goes to one worker and everything else,
-    in order, to the other: the suite then takes about the time of the rest alone."""
+    """With `-n 2 --dist loadgroup` (scripts/test), the tests under `SIDE` go to one worker,
+    in order, and everything else (the HTTP surface and the end-to-end runs) to the other:
+    the suite then takes about the time of the longer of the two."""
     for item in items:
-        group = "ray" if "tests/ray/" in item.nodeid or item.nodeid.startswith("ray/") \
-            else "main"
+        path = item.nodeid.removeprefix("tests/")
+        group = "side" if path.startswith(SIDE) else "main"
         item.add_marker(pytest.mark.xdist_group(group))
