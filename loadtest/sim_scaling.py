@@ -1,10 +1,11 @@
 """Event simulation of capacity that follows the load: a compressed day, five pool policies on
 the same seeded Poisson arrivals (paid and free apart, one input per request).
 
-Time steps by 1 ms. A tick's arrivals come at its middle; at its end batches due end, starts
+Time steps by `TICK_S`. A tick's arrivals come at its middle; at its end batches due end, starts
 due come up, workers due to retire go (once idle), the door decides the tick's paid requests,
-then its free ones, items past their tier's timeout leave, idle workers cut batches of <= 100
-(batchgate's `FlushPolicy`, late binding; a batch takes 100 ms), and the policy is asked.
+then its free ones, items past their tier's timeout leave, idle workers cut batches of at
+most `MAX_BATCH` (batchgate's `FlushPolicy`, late binding; a batch takes `BATCH_S`), and the
+policy is asked.
 GPU-seconds count workers running or starting. The door is batchgate's `Admission`, starting
 workers counted at their ETA; a refused free request's Retry-After is set against its real
 wait until the door next admits free (`next`) and until free refusals stop (`calm`).
@@ -14,8 +15,9 @@ request; a down takes back the newest start, else retires a worker idle then, as
 does); `fixed-peak` (the busiest moment at the rule's target utilization: the others' max);
 `fixed-fewest` (the busiest moment at full batches: hindsight); `ray-serve-default` (no door,
 one FIFO queue bounded by the clients' timeouts; Ray Serve's default policy: ceil(mean
-ongoing requests, queued and in flight, over a 30 s look-back / 2), asked every 100 ms, a new
-target after 30 s up / 600 s down of the same decision, starts taken back first, a replica
+ongoing requests, queued and in flight, over its look-back / its target), asked each control
+loop, a new target after its up or down delay of the same decision (`RAY_*`, Ray Serve's
+defaults), starts taken back first, a replica
 retired once idle); `oracle` (each worker ceil(rate / (capacity x target_utilization)) asks
 for started one start-up before it is needed, retired when not, a gap under a start-up
 bridged: the floor for planning at the rule's utilization).
