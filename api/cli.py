@@ -141,7 +141,7 @@ def check_model_extra(settings: Settings) -> None:
 
 def model_specs(settings: Settings) -> list[str]:
     """Every spec the server may load: `--model`'s, or each version's of `--models`."""
-    from api.door.service import catalogue_of
+    from api.door import catalogue_of
 
     catalogue = catalogue_of(settings)
     return [catalogue.config_of(v)[1].spec for v in catalogue.versions()]

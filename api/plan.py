@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import batcher as b
 from api.config import Parser
-from failover.simulation import simulate as run_simulation
+from failover import simulate as run_simulation
 
 TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0000001 ms
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured

@@ -2,8 +2,8 @@
 
 Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure flush
 decision, the synchronous batcher (the batching half of the dispatch core), admission
-control, the injected clock, and the framed-message transport that every process of
-batchgate speaks (a cell's link, a worker's pipe).
+control and the injected clock. The small pieces every process shares (framing, backoff)
+are `batcher.shared`.
 """
 
 from batcher.admission import Admission, AdmissionSettings, RateMeter
@@ -20,14 +20,13 @@ from batcher.errors import (
     Overloaded,
     QueueFull,
 )
-from batcher.framing import READ_CHUNK, Framed, FrameReader, frame
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import QueueStatistics, TierQueues
-from batcher.types import MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
+from batcher.types import LANE_OF, MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
 
 __all__ = [
+    "LANE_OF",
     "MAX_BATCH",
-    "READ_CHUNK",
     "Admission",
     "AdmissionSettings",
     "BatchCost",
@@ -42,8 +41,6 @@ __all__ = [
     "DeadlineUnreachable",
     "FlushPolicy",
     "FlushReason",
-    "FrameReader",
-    "Framed",
     "Item",
     "ItemId",
     "ItemSink",
@@ -58,5 +55,4 @@ __all__ = [
     "RateMeter",
     "Tier",
     "TierQueues",
-    "frame",
 ]

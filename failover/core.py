@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from batcher import (
+    LANE_OF,
     Admission,
     Batcher,
     BatcherStatistics,
@@ -31,7 +32,6 @@ from batcher import (
     Item,
     Tier,
 )
-from batcher.types import LANE_OF
 from failover.errors import (
     CallerRefused,
     ContractViolation,
@@ -94,7 +94,7 @@ class CoreActions:
 
 @dataclass(frozen=True, slots=True)
 class Demand:
-    """What waits for one core's workers, as placement weighs it (`failover.models`)."""
+    """What waits for one core's workers, as placement weighs it (`failover.fleet`)."""
 
     queued: int  # live items, every lane
     paid: int  # of which in the paid and retry lanes
@@ -151,7 +151,7 @@ class DispatchCore:
         # is ready, so that a request for a cold version is queued, not refused.
         self.arriving = 0
         # When each worker being added for this version is expected up (absolute, sorted;
-        # `failover.models.capacity`): admission counts them from then on.
+        # `failover.fleet.capacity`): admission counts them from then on.
         self.joining: tuple[float, ...] = ()
         self.version = ""  # the model version it serves, for metrics ("": the only one)
 
@@ -245,6 +245,11 @@ class DispatchCore:
         policy = self._batcher.policy
         return idle > 1 and policy.idle_trigger and policy.spare_capacity(self._capacity(now))
 
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        """The version a request runs on: a core of one version serves whatever it is
+        asked for ("": its own)."""
+        return ""
+
     def cancel(self, item: Item) -> bool:
         """The waiter gave up: never run this item (O(1)). True when the owner must take a
         turn: a group waiting behind queued work of a better tier may run now."""
@@ -257,7 +262,7 @@ class DispatchCore:
 
     # -- the pool's events -----------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
-        """`version`: what it holds, for a core of several (`failover.models`); one
+        """`version`: what it holds, for a core of several (`failover.fleet`); one
         version's core serves whatever its workers hold."""
         self._table.worker_up(worker)
         return self._pump(now, CoreActions())

@@ -8,7 +8,6 @@
     ├── SuspectInput         core: the same input is being judged (it stalled or killed)
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
-    ├── IdempotencyMismatch  idempotency: the same key came back with another body
     ├── UnknownModel         models: the request names a model or version not served
     └── ModelLoading (Overloaded)  models: the version is cold and its load ends past the
                              request's deadline (carries a Retry-After)
@@ -91,16 +90,9 @@ class ContractViolation(ModelError):
     code = "contract_violation"
 
 
-class IdempotencyMismatch(BatchgateError):
-    """An Idempotency-Key was reused with a different request body."""
-
-    code = "idempotency_key_reused"
-
-
 __all__ = [
     "CallerRefused",
     "ContractViolation",
-    "IdempotencyMismatch",
     "ModelError",
     "QueryOfDeath",
     "ShuttingDown",

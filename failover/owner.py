@@ -18,19 +18,16 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from batcher import Clock, FlushReason, Item, Tier
-from failover.core import CoreActions, CoreStatistics, DispatchCore, Refusal
+from failover.core import CoreActions, CoreStatistics, Refusal
 from failover.errors import ModelLoading
 from gpu_pool import Err, Load, Ok, Pool, WorkerId
-
-if TYPE_CHECKING:
-    from failover.models.cores import ModelCores
 
 STALL_S = 0.1
 """A wake this much later than the owner asked for (or than its last turn, if that ran
@@ -39,6 +36,50 @@ STALL_READS = 2
 """Loop passes the owner lets go by after a stall before its turn: the timer that woke it
 may run before the loop reads the workers' pipes (uvloop runs due timers first), and one
 pass reads them."""
+
+
+class Core(Protocol):
+    """What the owner feeds and reads: a synchronous state machine that takes events with
+    the turn's clock reading and returns the actions to carry out. A `DispatchCore` serves
+    one version; the fleet's composite (`failover.fleet.ModelCores`) one per version."""
+
+    def admit(self, items: list[Item], deadline_in: float, now: float) -> bool: ...
+
+    def admit_all(
+        self, requests: Sequence[tuple[list[Item], float]], now: float
+    ) -> tuple[list[Refusal | None], bool]: ...
+
+    def resolve(self, model: str | None, sticky: str | None) -> str: ...
+
+    def cancel(self, item: Item) -> bool: ...
+
+    def drain(self) -> None: ...
+
+    def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions: ...
+
+    def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
+        ...
+
+    def worker_died(self, worker: WorkerId, now: float, version: str = "") -> CoreActions: ...
+
+    def poll(self, now: float) -> CoreActions: ...
+
+    def stalled(self, seconds: float) -> None: ...
+
+    def next_deadline(self) -> float: ...
+
+    def finished(self) -> bool: ...
+
+    def abandon(self) -> CoreActions: ...
+
+    def expected_wait(self, tier: Tier, now: float) -> float: ...
+
+    def ready_count(self) -> int: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    def statistics(self, now: float) -> CoreStatistics: ...
 
 
 class CoreObserver(Protocol):
@@ -81,7 +122,7 @@ class CoreOwner:
     """Implements `gpu_pool.PoolEvents` for the pool it drives."""
 
     def __init__(
-        self, core: DispatchCore | ModelCores, pool: Pool, clock: Clock,
+        self, core: Core, pool: Pool, clock: Clock,
         observer: CoreObserver | None = None,
         loads: Callable[[str], Load] | None = None,
     ) -> None:
@@ -134,8 +175,7 @@ class CoreOwner:
     def resolve(self, model: str | None, sticky: str | None) -> str:
         """The version a request naming `model` runs on (raises UnknownModel); "" for a
         core of one version."""
-        core = self._core
-        return "" if isinstance(core, DispatchCore) else core.resolve(model, sticky)
+        return self._core.resolve(model, sticky)
 
     def cancel(self, item: Item) -> None:
         if self._core.cancel(item):
@@ -244,4 +284,4 @@ class CoreOwner:
             item.sink.item_done(item, result)  # `Item.settle`, inlined: 100 a batch
 
 
-__all__ = ["CoreObserver", "CoreOwner"]
+__all__ = ["Core", "CoreObserver", "CoreOwner"]

@@ -3,7 +3,7 @@
 Offers the pool seam (`Pool`, `PoolEvents`; the scaling the core decides included: `add`,
 `retire`, `cancel_start`), the wire messages, the process pool
 (`WorkerPool`), its settings, what a slot holds (`Load`: one model version), the slot
-states and restart `Backoff` both pools share, the model registry (what a model name means,
+states both pools share, the model registry (what a model name means,
 asked without loading it) and the model loader.
 The Ray pool's settings are here too; the Ray pool itself is `gpu_pool.ray_pool.RayPool`,
 imported only where Ray is wanted (it is an optional dependency, and importing `gpu_pool`
@@ -31,7 +31,7 @@ from gpu_pool.ray_settings import (
     parse_resources,
 )
 from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
-from gpu_pool.slots import Backoff, SlotState
+from gpu_pool.slots import SlotState
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 
 __all__ = [
@@ -39,7 +39,6 @@ __all__ = [
     "CELL_ID_ENV",
     "DEFAULT_VERSION",
     "INCARNATION_ENV",
-    "Backoff",
     "BatchId",
     "BatchModel",
     "CellIdentity",

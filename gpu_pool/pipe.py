@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from batcher import Framed
+from batcher.shared import Framed
 
 
 class WorkerPipe(Framed):

@@ -40,13 +40,14 @@ from multiprocessing.process import BaseProcess
 import anyio
 from anyio.abc import TaskStatus
 
+from batcher.shared import Backoff
 from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.memory import MIB, MemoryBound, resident_bytes
 from gpu_pool.pipe import WorkerPipe, open_pipe
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
 from gpu_pool.seam import PoolEvents, Unstarted
 from gpu_pool.slot_pool import SlotPool
-from gpu_pool.slots import Backoff, Slot, Slots, SlotState
+from gpu_pool.slots import Slot, Slots, SlotState
 from gpu_pool.worker import WorkerConfig, worker_main
 
 log = logging.getLogger("batchgate.pool")

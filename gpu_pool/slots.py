@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
+from batcher.shared import Backoff
 from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.protocol import Run, WorkerId
 from gpu_pool.seam import WorkerInfo
@@ -63,30 +64,6 @@ class SlotState(enum.Enum):
     def up(self) -> bool:
         """Loaded and alive: it counts as ready, idle or not."""
         return self in (SlotState.READY, SlotState.BUSY)
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """When to start again what keeps dying: exponential and capped, so a model that
-    crashes at load cannot spin the CPU, and forgiven after a stable run, so one crash a
-    day never waits long. Pure: the caller keeps the count and measures the time."""
-
-    first: float = 0.5  # seconds before a start after one failure (or a stable run's death)
-    cap: float = 30.0  # the longest wait, however many failures
-    stable_after: float = 30.0  # up this long, a death resets the count
-
-    def __post_init__(self) -> None:
-        if min(self.first, self.cap, self.stable_after) < 0:
-            raise ValueError(f"backoff times must be >= 0, got {self}")
-
-    def delay(self, failures: int) -> float:
-        """Seconds to wait before the next start after `failures` deaths in a row."""
-        return min(self.cap, self.first * 2.0 ** max(0, failures - 1))
-
-    def after_exit(self, failures: int, up_for: float) -> int:
-        """The count once an incarnation exits that was up `up_for` seconds (0 if it never
-        came up): reset after a stable run, else one failure more."""
-        return 0 if up_for >= self.stable_after else failures + 1
 
 
 @dataclass(slots=True)

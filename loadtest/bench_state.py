@@ -29,8 +29,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from failover import StoredResponse
-from failover.state import SqliteSettings, SqliteState
+from api.kept import SqliteSettings, SqliteState, StoredResponse
 from loadtest.probe import ProbeConfig, TrafficClass, run_probe
 from loadtest.server import cpu_seconds, running_server
 

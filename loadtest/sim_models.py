@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from failover.models.placement import (
+from failover.fleet.placement import (
     LruOnDemand,
     Placement,
     SwitchCost,

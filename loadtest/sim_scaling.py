@@ -10,7 +10,7 @@ GPU-seconds count workers running or starting. The door is batchgate's `Admissio
 workers counted at their ETA; a refused free request's Retry-After is set against its real
 wait until the door next admits free (`next`) and until free refusals stop (`calm`).
 
-Policies: `batchgate` (`failover.scaling.Scaler`, asked every second, fed every offered
+Policies: `batchgate` (`failover.fleet.Scaler`, asked every second, fed every offered
 request; a down takes back the newest start, else retires a worker idle then, as the core
 does); `fixed-peak` (the busiest moment at the rule's target utilization: the others' max);
 `fixed-fewest` (the busiest moment at full batches: hindsight); `ray-serve-default` (no door,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from functools import partial
 
 from api.config.tiers import DEFAULT_TIERS
 from batcher import Admission, AdmissionSettings, FlushPolicy, Overloaded, RateMeter, Tier
-from failover.scaling import Scaler, ScalerSettings
+from failover.fleet import Scaler, ScalerSettings
 
 TICK_S, BATCH_S, START_S, MAX_BATCH = 0.001, 0.1, 120.0, FlushPolicy().max_batch
 CAPACITY = MAX_BATCH / BATCH_S  # items/s one worker drains at full batches
@@ -436,14 +435,5 @@ def _run_one(arr: Arrivals, min_workers: int, start_s: float,
     return simulate(arr, *make[name]())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from loadtest.sim_scaling_report import main as report  # the report imports this module
-
-    return report(argv)
-
-
-__all__ = ["POLICIES", "Arrivals", "Outcome", "Policy", "Pool", "Trace", "arrivals", "main",
-           "run_all", "simulate"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["POLICIES", "Arrivals", "Outcome", "Policy", "Pool", "Trace", "arrivals", "run_all",
+           "simulate"]

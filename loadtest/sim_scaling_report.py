@@ -8,13 +8,14 @@ issue's, and it is given apart for the refusals of the burst: a burst shorter th
 ends before any worker it asks for can come (those starts are taken back), so the capacity a
 refusal there was told of never comes, and nothing known at the time says when the burst ends.
 
-Run: python -m loadtest.sim_scaling [--markdown] [--seed N] [--min-workers N]
+Run: python -m loadtest.sim_scaling_report [--markdown] [--seed N] [--min-workers N]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -81,7 +82,7 @@ def _held(ok: bool) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.sim_scaling", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m loadtest.sim_scaling_report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--min-workers", type=int, default=1)
@@ -100,3 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["PHASES", "main", "table", "verdicts"]
+
+if __name__ == "__main__":
+    sys.exit(main())

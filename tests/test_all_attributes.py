@@ -6,9 +6,7 @@ import sys
 
 import pytest
 
-PACKAGES = ["batcher", "gpu_pool", "failover", "api", "gpu_pool.models", "api.config", "api.http",
-            "api.door", "api.gateway", "api.cell", "failover.state", "failover.scaling",
-            "api.metrics"]
+from tests.imports import PACKAGES
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -28,7 +28,7 @@ import anyio
 from api.cell.link import LinkServer
 from api.config import Settings, load_keys
 from api.door import build_door, supervised
-from api.gateway.lifeline import die_with_supervisor, name_process
+from api.gateway import die_with_supervisor, name_process
 from api.http import settle_and_time
 from api.metrics import Metrics
 

@@ -23,7 +23,7 @@ from api.cell.scratch import retire_metrics
 from api.config import Settings
 from api.gateway import STOP_SIGNAL, connections_file, gateway_main
 from api.http import ConnectionTally
-from gpu_pool import Backoff
+from batcher.shared import Backoff
 
 log = logging.getLogger("batchgate.cell")
 

@@ -27,9 +27,10 @@ from anyio.streams.memory import MemoryObjectSendStream
 from api.config import Principal
 from api.door import Door, StatusView
 from api.errors import CoreUnavailable
-from api.gateway.frames import HOST_CLOCK, Framed, Message, outcome_message
+from api.gateway import HOST_CLOCK, Message, outcome_message
 from api.http import Collation, Deadlines, Job, TurnEnds
 from batcher import Clock, DeadlineExceeded, Item, Tier
+from batcher.shared import Framed
 
 log = logging.getLogger("batchgate.link")
 

@@ -68,8 +68,9 @@ from api.cell.scratch import (
     sweep_scratch,
 )
 from api.config import Settings
-from api.gateway.lifeline import SUPERVISOR_PID, prctl
-from gpu_pool import CELL_ID_ENV, INCARNATION_ENV, Backoff
+from api.gateway import SUPERVISOR_PID, prctl
+from batcher.shared import Backoff
+from gpu_pool import CELL_ID_ENV, INCARNATION_ENV
 
 log = logging.getLogger("batchgate.cell")
 

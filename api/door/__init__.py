@@ -22,6 +22,7 @@ from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
 from api.door.service import (
     Service,
     build_pool,
+    catalogue_of,
     check_core_settings,
     core_settings,
     hang_settings,
@@ -49,6 +50,7 @@ __all__ = [
     "build",
     "build_door",
     "build_pool",
+    "catalogue_of",
     "check_core_settings",
     "core_settings",
     "create_app",

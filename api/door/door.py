@@ -31,9 +31,9 @@ from api.http import (
     Rendered,
     rendered,
 )
+from api.kept import IdempotencyStore
 from api.metrics import Metrics
 from batcher import BatchgateError, Clock, DeadlineExceeded, Item, ItemId, ItemSink, Tier
-from failover import IdempotencyStore
 
 
 class Core(Protocol):

@@ -19,10 +19,19 @@ import anyio
 
 from api.errors import ClientClosed, LeaderGone
 from api.http import Answered, ClientWatch, Job, PendingRequest, Rendered, answer_body
+from api.kept import (
+    LEASE_MARGIN_S,
+    BackedStore,
+    Entry,
+    IdempotencyStore,
+    Join,
+    Replay,
+    StateUnavailable,
+    Stored,
+    StoredResponse,
+)
 from api.metrics import Metrics
 from batcher import Clock, DeadlineExceeded, Item, Tier
-from failover import Entry, IdempotencyStore, Join, Replay, StoredResponse
-from failover.state import LEASE_MARGIN_S, BackedStore, StateUnavailable, Stored
 
 LINGER_S = 300.0
 """The longest a key stays in flight for a batch its leader left running: every way a batch

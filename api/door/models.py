@@ -17,8 +17,7 @@ import orjson
 
 from api.errors import ERRORS
 from batcher import Clock
-from failover.models.catalogue import Catalogue, CatalogueError, load_catalogue
-from failover.models.cores import ModelCores
+from failover.fleet import Catalogue, CatalogueError, ModelCores, load_catalogue
 
 log = logging.getLogger("batchgate.models")
 

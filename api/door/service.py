@@ -18,30 +18,29 @@ from anyio.abc import TaskStatus
 
 from api.config import Settings, TierPolicy
 from api.door.limits import pressure_factor
-from api.metrics import ScalingGauges, Snapshot, VersionGauges
-from batcher import FlushPolicy, MonotonicClock, Tier
-from failover import (
-    CoreObserver,
-    CoreOwner,
-    CoreSettings,
-    DispatchCore,
-    HangSettings,
-    IdempotencyStore,
-    MemoryIdempotencyStore,
-    build_core,
-)
-from failover.models.capacity import Capacity, CapacityGauges
-from failover.models.catalogue import Catalogue, load_catalogue
-from failover.models.cores import ModelCores
-from failover.models.placement import REASONS, SwitchCost
-from failover.scaling import Scaler, ScalerSettings
-from failover.state import (
+from api.kept import (
     BackedStore,
+    IdempotencyStore,
     KeptState,
+    MemoryIdempotencyStore,
     Owner,
     RedisSettings,
     SqliteSettings,
     open_state,
+)
+from api.metrics import ScalingGauges, Snapshot, VersionGauges
+from batcher import FlushPolicy, MonotonicClock, Tier
+from failover import CoreObserver, CoreOwner, CoreSettings, DispatchCore, HangSettings, build_core
+from failover.fleet import (
+    REASONS,
+    Capacity,
+    CapacityGauges,
+    Catalogue,
+    ModelCores,
+    Scaler,
+    ScalerSettings,
+    SwitchCost,
+    load_catalogue,
 )
 from gpu_pool import (
     CellIdentity,

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from api.door.models import ModelsAdmin
 from api.metrics import Metrics
-from failover.models.capacity import CapacityGauges
+from failover.fleet import CapacityGauges
 from gpu_pool import WorkerInfo
 
 

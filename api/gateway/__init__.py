@@ -9,11 +9,19 @@ Offers the link's frames (which the core's end in `api.cell` speaks too), the ga
 from api.gateway.frames import (
     GATEWAY_BUSY_RATE,
     GATEWAY_FRAME_SPACING_S,
+    HOST_CLOCK,
     Framed,
     Message,
     outcome_message,
     outcome_of,
     run_message,
+)
+from api.gateway.lifeline import (
+    SUPERVISOR_PID,
+    die_with_parent,
+    die_with_supervisor,
+    name_process,
+    prctl,
 )
 from api.gateway.main import STOP_SIGNAL, GatewayServer, connections_file, gateway_main
 from api.gateway.remote import (
@@ -32,7 +40,9 @@ __all__ = [
     "CALL_TIMEOUT_S",
     "GATEWAY_BUSY_RATE",
     "GATEWAY_FRAME_SPACING_S",
+    "HOST_CLOCK",
     "STOP_SIGNAL",
+    "SUPERVISOR_PID",
     "Framed",
     "GatewayServer",
     "Message",
@@ -41,9 +51,13 @@ __all__ = [
     "RemoteRoute",
     "client_closed",
     "connections_file",
+    "die_with_parent",
+    "die_with_supervisor",
     "gateway_main",
+    "name_process",
     "outcome_message",
     "outcome_of",
+    "prctl",
     "run_message",
     "unavailable",
     "unresponsive",

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from api.http import Answered, Job, Outcome, Rendered
-from batcher import Framed
+from batcher.shared import Framed
 
 GATEWAY_FRAME_SPACING_S = 0.005
 GATEWAY_BUSY_RATE = 1000.0

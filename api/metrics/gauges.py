@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # a gateway renders no gauges and never loads the dispatch core
-    from failover import CoreStatistics, IdempotencyStatistics
+    from api.kept import IdempotencyStatistics
+    from failover import CoreStatistics
 
 Labels = tuple[str, str]  # (model, version)
 NONE: Labels = ("", "")
@@ -21,7 +22,7 @@ NONE: Labels = ("", "")
 SCALE_EVENTS = (("up", "demand"), ("up", "queue"), ("up", "floor"),
                 ("down", "idle"), ("down", "floor"))
 """The (direction, reason) pairs `batchgate_scale_events_total` shows from start-up, at zero:
-the scaler's reasons (`failover.scaling`), written out because a gateway never loads the
+the scaler's reasons (`failover.fleet`), written out because a gateway never loads the
 core. A pair a snapshot brings beyond these gets its series too."""
 UP_STATES = ("ready", "busy", "switching")  # a worker up (one switching versions is one)
 COMING_STATES = ("starting", "pending")  # a worker not up yet (pending: Ray finds no room)

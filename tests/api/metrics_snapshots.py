@@ -6,8 +6,9 @@ from typing import Any
 
 from api.config import DEFAULT_TIERS, Settings
 from api.door import core_settings
+from api.kept import MemoryIdempotencyStore
 from api.metrics import Snapshot
-from failover import MemoryIdempotencyStore, build_core
+from failover import build_core
 
 
 def snapshot(**fields: Any) -> Snapshot:

@@ -4,7 +4,7 @@ the load, or is refused 503 model_loading with a Retry-After when its deadline c
 the load.
 
 One server for the module, whose tests run in order: `c` and `d` both go cold once idle
-(after a worker's minimum residency, `failover.models.placement.PlacementSettings`), then
+(after a worker's minimum residency, `failover.fleet.placement.PlacementSettings`), then
 each of the next tests has a cold model of its own without waiting for a second unload.
 """
 

@@ -11,9 +11,10 @@ import sys
 import anyio
 import pytest
 
+from batcher.shared.backoff import Backoff
 from gpu_pool import PoolSettings
 from gpu_pool.memory import MIB, MemoryBound, resident_bytes
-from gpu_pool.slots import Backoff, Slot, Slots, SlotState
+from gpu_pool.slots import Slot, Slots, SlotState
 from tests.virtual import run_virtual
 
 

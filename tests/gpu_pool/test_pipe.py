@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from batcher import READ_CHUNK
+from batcher.shared import READ_CHUNK
 from gpu_pool.pipe import WorkerPipe, open_pipe
 
 pytestmark = pytest.mark.anyio

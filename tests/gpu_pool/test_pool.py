@@ -14,18 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from gpu_pool import (
-    Backoff,
-    BatchId,
-    Err,
-    Ok,
-    PoolSettings,
-    Ready,
-    Run,
-    Stop,
-    WorkerId,
-    WorkerPool,
-)
+from batcher.shared import Backoff
+from gpu_pool import BatchId, Err, Ok, PoolSettings, Ready, Run, Stop, WorkerId, WorkerPool
 
 pytestmark = pytest.mark.anyio
 

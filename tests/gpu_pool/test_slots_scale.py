@@ -6,9 +6,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from batcher.shared.backoff import Backoff
 from gpu_pool import BatchId, Load, Run
 from gpu_pool.protocol import WorkerId
-from gpu_pool.slots import Backoff, Slot, Slots, SlotState
+from gpu_pool.slots import Slot, Slots, SlotState
 from tests.virtual import run_virtual
 
 V1 = Load("m@v1", "sim")

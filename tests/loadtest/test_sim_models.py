@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from failover.models.placement import (
+from failover.fleet.placement import (
     LruOnDemand,
     Placement,
     Switch,

@@ -9,7 +9,7 @@ from array import array
 import pytest
 
 from batcher import Tier
-from failover.scaling import ScalerSettings
+from failover.fleet import ScalerSettings
 from loadtest.sim_scaling import (
     POLICIES,
     Arrivals,

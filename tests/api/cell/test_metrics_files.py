@@ -13,7 +13,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.cell import Gateways
 from api.config import Settings
-from gpu_pool import Backoff
+from batcher.shared import Backoff
 from tests.api.cell.metering import count_and_exit
 
 pytestmark = pytest.mark.anyio

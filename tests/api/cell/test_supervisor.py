@@ -14,7 +14,7 @@ import pytest
 
 from api.cell import SCRATCH_PREFIX, Gateways, GatewayState, sweep_scratch
 from api.config import Settings
-from gpu_pool import Backoff
+from batcher.shared import Backoff
 from tests.api.cell.dying import exit_at_once
 
 pytestmark = pytest.mark.anyio

@@ -21,6 +21,7 @@ from api.config import DEFAULT_TIERS, Principal, TierPolicy
 from api.door import Door, RateLimiter
 from api.errors import ApiError, ClientClosed, RateLimited
 from api.http import Answered, Job, Outcome, Rendered
+from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
 from batcher import (
     BatchgateError,
@@ -32,7 +33,7 @@ from batcher import (
     OverBudget,
     Tier,
 )
-from failover import CoreOwner, CoreSettings, MemoryIdempotencyStore, build_core
+from failover import CoreOwner, CoreSettings, build_core
 from tests.api.door.fakes import FakePool, QueueCore, Waiter
 from tests.virtual import run_virtual
 

@@ -21,9 +21,10 @@ from api.config import Principal, TierPolicy
 from api.door import Door, KeyedPath, RateLimiter, is_kept
 from api.errors import ApiError, RateLimited, to_api_error
 from api.http import Answered, ClientWatch, Job, Outcome, Rendered, rendered
+from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
 from batcher import BatchgateError, DeadlineExceeded, MonotonicClock, OverBudget, Tier
-from failover import MemoryIdempotencyStore, ModelError, ShuttingDown, WorkerCrashed
+from failover import ModelError, ShuttingDown, WorkerCrashed
 from tests.api.door.fakes import REPLAYED, ROOMY, Client, QueueCore, keyed
 
 pytestmark = pytest.mark.anyio

@@ -19,9 +19,10 @@ from anyio.abc import TaskGroup
 from api.door import Door, RateLimiter
 from api.door import keyed as keyed_module
 from api.http import ClientWatch, Job, Rendered
+from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
 from batcher import MonotonicClock
-from failover import MemoryIdempotencyStore, ModelError
+from failover import ModelError
 from tests.api.door.fakes import REPLAYED, ROOMY, WHO, BatchCore, Client
 
 pytestmark = pytest.mark.anyio

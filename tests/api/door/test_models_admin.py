@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from api.door.models import ModelsAdmin
-from failover.models.catalogue import Catalogue, parse_catalogue
-from tests.failover.models.driver import World
+from failover.fleet.catalogue import Catalogue, parse_catalogue
+from tests.failover.fleet.driver import World
 
 FILE = """
 [models.topics]

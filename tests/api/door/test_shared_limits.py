@@ -33,9 +33,9 @@ from api.door import Door, RateLimiter, SharedLimits, SharedLocalRoute, build
 from api.door.shared_limits import bucket_names, connect
 from api.errors import RateLimited
 from api.http import Job, Rendered, server_config
+from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
 from batcher import LoopClock, Tier
-from failover import MemoryIdempotencyStore
 from tests.api.door.fakes import FakePool, QueueCore, Waiter
 from tests.redis_server import RedisServer, running_redis
 

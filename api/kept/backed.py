@@ -1,0 +1,138 @@
+"""The memory store in front of a durable layer: what `--state sqlite:PATH` and
+`--state redis://` give the door.
+
+The memory store answers what it can alone, at its own speed: a request joins the one in
+flight in this process, or replays an answer this process holds. Only a request that leads
+here asks the durable layer (`claim`), which says whether it runs, replays an answer kept
+by an earlier process or another cell, or waits for the one running elsewhere (polled
+within the request's deadline). Its answer is then kept there first (`keep`: the first
+stored wins), and only the winner is kept in memory and answered.
+
+Writes that a synchronous callback asks for (an answer that lands after its request ended,
+a claim given up) run in this store's own task group (`soon`), which `run` owns and
+`drain` waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from api.kept.idempotency import (
+    Begin,
+    Entry,
+    IdempotencyStatistics,
+    MemoryIdempotencyStore,
+    StoredResponse,
+)
+from api.kept.seam import Busy, Claimed, KeptState, Stored
+from batcher import Clock, DeadlineExceeded
+
+log = logging.getLogger("batchgate.state")
+
+LEASE_MARGIN_S = 5.0
+"""A claim outlives its request's deadline by this much: the leader's answer is stored
+after the deadline that bounds its run."""
+BUSY_POLL_S = 0.025  # how often a request whose key runs elsewhere asks again
+
+
+class BackedStore:
+    """`IdempotencyStore` (the memory store's calls) plus the durable layer's, bounded by
+    the request's time. Call it from the loop."""
+
+    def __init__(self, memory: MemoryIdempotencyStore, durable: KeptState, clock: Clock,
+                 poll: float = BUSY_POLL_S) -> None:
+        self.memory, self.durable = memory, durable
+        self._clock, self._poll = clock, poll
+        self._tg: TaskGroup | None = None
+        self._writing = 0
+        self._written: anyio.Event | None = None
+
+    # -- the memory store, in front ----------------------------------------------------------
+    def begin(self, scope: str, key: str, fingerprint: bytes, now: float) -> Begin:
+        return self.memory.begin(scope, key, fingerprint, now)
+
+    def complete(self, entry: Entry, response: StoredResponse, now: float, keep: bool
+                 ) -> None:
+        self.memory.complete(entry, response, now, keep)
+
+    def abandon(self, entry: Entry, now: float) -> None:
+        self.memory.abandon(entry, now)
+
+    def statistics(self) -> IdempotencyStatistics:
+        return self.memory.statistics()
+
+    # -- the durable layer, behind -----------------------------------------------------------
+    async def claim(self, scope: str, key: str, fingerprint: bytes, within: float
+                    ) -> Claimed | Stored:
+        """Run it (`Claimed`) or replay (`Stored`); while another process runs it, ask
+        again every `poll` seconds for `within` seconds at most (the request's time left).
+
+        Raises DeadlineExceeded past `within`, IdempotencyMismatch, StateUnavailable."""
+        deadline = self._clock.now() + within
+        while True:
+            left = deadline - self._clock.now()
+            got = await self.durable.claim(scope, key, fingerprint, left + LEASE_MARGIN_S)
+            if not isinstance(got, Busy):
+                return got
+            if deadline - self._clock.now() <= self._poll:
+                raise DeadlineExceeded("the original request is still running elsewhere")
+            await anyio.sleep(self._poll)
+
+    async def keep(self, scope: str, key: str, fingerprint: bytes, response: StoredResponse
+                   ) -> StoredResponse:
+        """The answer kept for the key: `response` if it is the first stored, else the
+        first's. Raises IdempotencyMismatch, StateUnavailable."""
+        return await self.durable.store(scope, key, fingerprint, response)
+
+    def soon(self, work: Callable[[], Awaitable[None]]) -> bool:
+        """Run `work` in this store's task group; False if the store is not running (it
+        has not started, or it is draining). Safe in a synchronous loop callback."""
+        if self._tg is None:
+            return False
+        self._writing += 1
+        self._tg.start_soon(self._guarded, work)
+        return True
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Open the durable layer, serve `soon` until cancelled, then close it. Raises
+        what `open` raises (e.g. StateLocked)."""
+        await self.durable.open()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                await self.durable.close()
+
+    async def drain(self, within: float = 5.0) -> None:
+        """Take no more writes, wait `within` seconds at most for those under way, close."""
+        tg, self._tg = self._tg, None
+        with anyio.move_on_after(within):
+            while self._writing:
+                self._written = anyio.Event()
+                await self._written.wait()
+        if tg is not None:
+            tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self.durable.close()
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except Exception:  # a write nobody waits for: its loss is logged, not raised
+            log.exception("a deferred write to the state store failed")
+        finally:
+            self._writing -= 1
+            if self._written is not None:
+                self._written.set()
+
+
+__all__ = ["BUSY_POLL_S", "LEASE_MARGIN_S", "BackedStore"]

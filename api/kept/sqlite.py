@@ -1,0 +1,210 @@
+"""`--state sqlite:PATH`: kept answers in an embedded file, so a key's answer outlives the
+core process and the whole server.
+
+One server per file, held by an exclusive lock on `PATH.lock` for as long as it is open
+(the kernel drops it when the process dies, however it dies). So the memory store in front
+(`BackedStore`) already lets one request per key lead, and a claim left by a dead core is
+stale by definition: the file keeps answers only, never claims, and `claim` is a read.
+
+The file is in WAL mode with `synchronous=NORMAL`: a commit is in the file before `store`
+returns, so it survives the process being killed (a power cut may lose the last commits).
+Each call is one short indexed statement run on the event loop: handing it to a thread
+costs more than the statement (`loadtest/bench_state.py` measures both).
+
+Bounds, like the memory store's: at most `max_entries` answers and `max_bytes` of them,
+each for `ttl` seconds of wall-clock time (it outlives the process, so not the monotonic
+clock); the oldest leave first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import orjson
+
+from api.kept.errors import IdempotencyMismatch, StateLocked, StateUnavailable
+from api.kept.idempotency import ENTRY_OVERHEAD, StoredResponse
+from api.kept.seam import Claim, Claimed, Stored
+from api.kept.spec import SqliteSettings
+
+SWEEP_S = 1.0  # expired answers are deleted at most this often (they are never replayed)
+T = TypeVar("T")
+EVICT_CHUNK = 64  # answers evicted per statement when over a bound
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kept (
+    id INTEGER PRIMARY KEY,  -- insertion order: oldest first
+    scope TEXT NOT NULL, key TEXT NOT NULL, fingerprint BLOB NOT NULL,
+    status INTEGER NOT NULL, body BLOB NOT NULL, headers BLOB NOT NULL,
+    expires REAL NOT NULL, cost INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS kept_key ON kept (scope, key);
+CREATE INDEX IF NOT EXISTS kept_expires ON kept (expires);
+"""
+
+
+class SqliteState:
+    """`KeptState` on one SQLite file. Not thread-safe: call it from the loop."""
+
+    def __init__(self, settings: SqliteSettings, wall: Callable[[], float] = time.time
+                 ) -> None:
+        self._settings, self._wall = settings, wall
+        self._db: sqlite3.Connection | None = None
+        self._lock: int | None = None
+        self._entries = self._bytes = 0
+        self._swept = float("-inf")
+
+    async def open(self) -> None:
+        """Take the file's lock (waiting `lock_wait` for an exiting server), then open it.
+
+        Raises StateLocked if another server holds it, StateUnavailable if it cannot be
+        opened."""
+        path = self._settings.path
+        self._lock = await _locked(Path(f"{path}.lock"), self._settings.lock_wait)
+        try:
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(SCHEMA)
+            self._entries, self._bytes = db.execute(
+                "SELECT count(*), coalesce(sum(cost), 0) FROM kept").fetchone()
+        except sqlite3.Error as exc:
+            await self.close()
+            raise StateUnavailable(f"cannot open the state file {path}: {exc}") from exc
+        self._db = db
+        self._sweep(self._wall())
+
+    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float) -> Claim:
+        row = self._call(lambda db: db.execute(
+            "SELECT fingerprint, status, body, headers FROM kept "
+            "WHERE scope = ? AND key = ? AND expires > ?",
+            (scope, key, self._wall())).fetchone())
+        if row is None:
+            return Claimed("")
+        return Stored(_answer(row, fingerprint))
+
+    async def store(self, scope: str, key: str, fingerprint: bytes,
+                    response: StoredResponse) -> StoredResponse:
+        return self._call(lambda db: self._store(db, scope, key, fingerprint, response))
+
+    async def release(self, scope: str, key: str, token: str) -> None:
+        """Nothing to give up: the file holds no claims."""
+
+    async def extend(self, scope: str, key: str, token: str, lease: float) -> None:
+        """Nothing to hold: the file holds no claims."""
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._lock is not None:
+            os.close(self._lock)  # drops the lock
+            self._lock = None
+
+    def counts(self) -> tuple[int, int]:
+        """(answers, bytes) kept in the file, as the bounds count them."""
+        return self._entries, self._bytes
+
+    def _store(self, db: sqlite3.Connection, scope: str, key: str, fingerprint: bytes,
+               response: StoredResponse) -> StoredResponse:
+        now = self._wall()
+        headers = orjson.dumps(response.headers)
+        cost = ENTRY_OVERHEAD + len(response.body) + len(headers) + len(scope) + len(key) \
+            + len(fingerprint)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            winner = db.execute(
+                "SELECT fingerprint, status, body, headers, expires, cost FROM kept "
+                "WHERE scope = ? AND key = ?", (scope, key)).fetchone()
+            if winner is not None and winner[4] > now:
+                db.execute("COMMIT")
+                return _answer(winner, fingerprint)  # outside the transaction: it is over
+            if winner is not None:  # expired, not yet swept
+                db.execute("DELETE FROM kept WHERE scope = ? AND key = ?", (scope, key))
+                self._forget(1, winner[5])
+            db.execute(
+                "INSERT INTO kept (scope, key, fingerprint, status, body, headers, expires, "
+                "cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (scope, key, fingerprint, response.status, response.body, headers,
+                 now + self._settings.ttl, cost))
+            self._entries += 1
+            self._bytes += cost
+            self._bound(db, now)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+                self._reload(db)
+            raise
+        return response
+
+    def _bound(self, db: sqlite3.Connection, now: float) -> None:
+        if now - self._swept >= SWEEP_S:
+            self._sweep(now)
+        settings = self._settings
+        while self._entries > settings.max_entries or self._bytes > settings.max_bytes:
+            over = max(1, min(self._entries - settings.max_entries, EVICT_CHUNK))
+            costs = db.execute("DELETE FROM kept WHERE id IN (SELECT id FROM kept ORDER BY id "
+                               "LIMIT ?) RETURNING cost", (over,)).fetchall()
+            if not costs:
+                break
+            self._forget(len(costs), sum(c for (c,) in costs))
+
+    def _sweep(self, now: float) -> None:
+        assert self._db is not None
+        self._swept = now
+        costs = self._db.execute("DELETE FROM kept WHERE expires <= ? RETURNING cost",
+                                 (now,)).fetchall()
+        self._forget(len(costs), sum(c for (c,) in costs))
+
+    def _forget(self, entries: int, cost: int) -> None:
+        self._entries -= entries
+        self._bytes -= cost
+
+    def _reload(self, db: sqlite3.Connection) -> None:
+        """The counts as the file has them, after a rolled-back write."""
+        with contextlib.suppress(sqlite3.Error):  # else the next write corrects them
+            self._entries, self._bytes = db.execute(
+                "SELECT count(*), coalesce(sum(cost), 0) FROM kept").fetchone()
+
+    def _call(self, run: Callable[[sqlite3.Connection], T]) -> T:
+        if self._db is None:
+            raise StateUnavailable("the state file is not open")
+        try:
+            return run(self._db)
+        except sqlite3.Error as exc:
+            raise StateUnavailable(f"the state file failed: {exc}") from exc
+
+
+def _answer(row: tuple[bytes, int, bytes, bytes], fingerprint: bytes) -> StoredResponse:
+    if row[0] != fingerprint:
+        raise IdempotencyMismatch("this idempotency key was used with another request")
+    headers = tuple((str(k), str(v)) for k, v in orjson.loads(row[3]))
+    return StoredResponse(row[1], bytes(row[2]), headers)
+
+
+async def _locked(path: Path, wait: float) -> int:
+    """An fd holding `path`'s exclusive lock; polls while another process holds it (one
+    that is exiting lets go when the kernel ends it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StateLocked(f"another server holds {path} (one server per state file)"
+                                  ) from None
+            await anyio.sleep(0.05)  # another process's lock: poll it
+
+
+__all__ = ["SqliteState"]

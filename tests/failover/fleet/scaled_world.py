@@ -1,0 +1,372 @@
+"""`driver.World` with a pool whose size follows the load: `ModelCores` built with a
+`Capacity`, and a fake pool that carries out `grow`, `retire` and `cancel_start` as the real
+pools promise (`gpu_pool.seam.Pool`), checking each as it goes.
+
+The pool: `add(load)` appends a slot loading that version, ready after its load time; a
+load that fails is reported dead (with its version) and the slot loads it again after the
+rule's backoff. `retire(worker)` removes the slot of an idle live incarnation and reports
+nothing of it; of a dead one (its death not reported yet) it does nothing: the death is
+reported as usual and the slot starts again. `cancel_start(version)` removes the newest slot
+of that version loading a start (an add, or a restart after a reported death; never a
+switch's load) and reports nothing; with none it does nothing.
+
+What the world expects the rule to count: each start it carried out (added or restarted
+slot), with its ETA as the rule's contract says: asked at t, up at t + the version's load
+time; a failure (of the oldest start of its version: the pool does not say which) moves it
+to now + backoff + load time; up takes the oldest, a cancel the newest. `check_capacity`
+holds the cores to that: each version's `DispatchCore.joining` lists exactly those ETAs not
+overdue by more than a start-up, sorted; every start slot is counted once; the pool stays
+within its bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from batcher import BatchgateError, Item, RateMeter, Tier
+from failover import CoreActions, CoreSettings, build_core
+from failover.core import DispatchCore
+from failover.errors import ModelLoading, UnknownModel
+from failover.fleet import Decision, Scaler, ScalerSettings
+from failover.fleet.capacity import LATE_SHARE, STEP_S, Capacity
+from failover.fleet.catalogue import Catalogue, split_key
+from failover.fleet.cores import ModelCores
+from failover.fleet.placement import SwitchCost
+from gpu_pool import Run, WorkerId
+from tests.failover.fleet.driver import (
+    LATENCY,
+    MAX_BATCH,
+    PLACEMENT,
+    SETTINGS,
+    Slot,
+    Spy,
+    World,
+    learned,
+)
+
+CAPACITY = MAX_BATCH / LATENCY  # items/s one worker drains at full batches
+SCALED = replace(SETTINGS, queue_capacity=400)  # a queue that a step of load can fill
+TOLERANCE = 1e-9
+
+
+def scaling(min_workers: int = 1, max_workers: int = 4, **kw: float) -> ScalerSettings:
+    """The rule over the driver's workers, with windows and delays short enough for a test
+    to walk through them."""
+    values: dict[str, float] = {
+        "short_window_s": 1.0, "long_window_s": 5.0, "scale_down_delay_s": 10.0,
+        "down_step_s": 2.0, "backoff_first_s": 0.5, "backoff_cap_s": 4.0, **kw}
+    return ScalerSettings(min_workers, max_workers, capacity=CAPACITY, **values)
+
+
+def backoff(settings: ScalerSettings, failures: int) -> float:
+    """The rule's retry delay after `failures` failed attempts (its documented contract)."""
+    return min(settings.backoff_cap_s, settings.backoff_first_s * 2.0 ** (failures - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """One decision of the rule and what it was asked with."""
+
+    now: float
+    running: int
+    queued: int
+    start_s: float
+    decision: Decision
+
+
+class Recording(Scaler):
+    """The rule as it is, remembering each decision (what the glue asked, what it said)."""
+
+    def __init__(self, settings: ScalerSettings) -> None:
+        super().__init__(settings)
+        self.decided: list[Decided] = []
+
+    def decide(self, now: float, running: int, queued: int, start_s: float) -> Decision:
+        decision = super().decide(now, running, queued, start_s)
+        self.decided.append(Decided(now, running, queued, start_s, decision))
+        return decision
+
+
+@dataclass
+class ScaledSlot(Slot):
+    start: bool = False  # loading a start the rule counts (an add or a restart), not a switch
+    failures: int = 0  # failed loads of this start
+    ready_at: float = 0.0  # when its load is done, in a healthy pool
+
+
+@dataclass
+class Expected:
+    """A start the cores should count, as the rule's contract places it."""
+
+    version: str
+    since: float
+    eta: float
+    failures: int = 0
+
+
+@dataclass(repr=False)
+class ScaledWorld(World):
+    """`ModelCores` with a `Capacity` over `slots_n` workers to start with."""
+
+    scaling: ScalerSettings = field(default_factory=scaling)
+    core_settings: CoreSettings = SCALED
+    expected: list[Expected] = field(default_factory=list)  # in the order asked for
+    retired: set[WorkerId] = field(default_factory=set)
+    grown: list[tuple[float, str]] = field(default_factory=list)
+    retirements: list[tuple[float, WorkerId, str]] = field(default_factory=list)
+    cancels: list[tuple[float, str]] = field(default_factory=list)
+    refusals: list[tuple[float, Tier, BatchgateError]] = field(default_factory=list)
+    made: dict[str, DispatchCore] = field(default_factory=dict)  # each version's newest core
+    paid_rates: dict[str, RateMeter] = field(default_factory=dict)  # admitted paid, by version
+    offered: dict[tuple[str, Tier], RateMeter] = field(default_factory=dict)  # met the batcher
+
+    def __post_init__(self) -> None:
+        self.scaler = Recording(self.scaling)
+        self.capacity = Capacity(self.scaler)
+        self.spy = Spy(SwitchCost(PLACEMENT))
+        self.cores = ModelCores(self.catalogue, self.new_core, self.spy, self.capacity)
+        self.spy.cores = self.cores
+        self.spy.note()
+        for version in self.cores.initial(self.slots_n):
+            self.slots.append(ScaledSlot(self.new_worker(), version, "loading", 0.0))
+        for slot in list(self.slots):
+            self.ready(slot)
+
+    def new_core(self, version: str, catalogue: Catalogue) -> DispatchCore:
+        core = build_core(self.core_settings, times=learned())
+        self.made[version] = core
+        return core
+
+    def core(self, version: str) -> DispatchCore:
+        """The dispatch core serving `version` now."""
+        assert version in self.cores.statistics_by_version(self.now), f"{version}: no core"
+        return self.made[version]
+
+    # -- the pool's events ---------------------------------------------------------------
+    def ready(self, slot: Slot) -> None:
+        assert isinstance(slot, ScaledSlot)
+        if slot.start and slot.state == "loading":
+            self.expected.remove(self.oldest(slot.version))
+            slot.start, slot.failures = False, 0
+        super().ready(slot)
+
+    def load_failed(self, slot: Slot) -> None:
+        """A loading incarnation died: reported with its version; the slot loads it again
+        (a start after the rule's backoff, a switch's at once)."""
+        assert isinstance(slot, ScaledSlot) and slot.state == "loading"
+        dead, load_s = slot.worker, self.load_s(slot.version)
+        slot.worker, slot.since = self.new_worker(), self.now
+        slot.ready_at = self.now + self.hint(slot.version)
+        if slot.start:
+            slot.failures += 1
+            slot.ready_at += backoff(self.scaling, slot.failures)
+            first = self.oldest(slot.version)
+            first.failures += 1
+            first.eta = self.now + backoff(self.scaling, first.failures) + load_s
+        self.perform(self.cores.worker_died(dead, self.now, slot.version))
+
+    def report_deaths(self) -> None:
+        """As the driver's, with each death's version, and its slot's restart a start."""
+        while self.deaths:
+            worker = self.deaths.pop(0)
+            slot = self.slot_of(worker)
+            assert isinstance(slot, ScaledSlot) and slot.state == "dead"
+            slot.worker, slot.state, slot.since = self.new_worker(), "loading", self.now
+            slot.start, slot.failures = True, 0
+            slot.ready_at = self.now + self.hint(slot.version)
+            self.expected.append(Expected(slot.version, self.now,
+                                          self.now + self.load_s(slot.version)))
+            flight = self.flights.pop(worker, None)
+            flying = {i.id for f in self.flights.values() for i in f.items}
+            for item in flight.items if flight is not None else ():
+                if item.id not in self.settled and not item.cancelled and item.id not in flying:
+                    self.queued[item.id] = item
+            self.perform(self.cores.worker_died(worker, self.now, slot.version))
+
+    # -- carrying out the cores' actions ---------------------------------------------------
+    def perform(self, actions: CoreActions) -> None:
+        super().perform(actions)
+        for version in actions.grow:
+            self.add(version)
+        for worker in actions.retire:
+            self.retire(worker)
+        for version in actions.cancel_start:
+            self.cancel_start(version)
+
+    def sent(self, worker: WorkerId, run: Run, version: str, group: bool) -> None:
+        assert worker not in self.retired, f"a batch went to retired worker {worker}"
+        super().sent(worker, run, version, group)
+
+    def switched(self, worker: WorkerId, to: str) -> None:
+        assert worker not in self.retired, f"retired worker {worker} was switched"
+        slot = self.slot_of(worker)
+        super().switched(worker, to)
+        if isinstance(slot, ScaledSlot) and slot.state == "loading":  # a switch's load
+            slot.start, slot.failures = False, 0
+            slot.ready_at = self.now + self.hint(to)
+
+    def add(self, version: str) -> None:
+        """`Pool.add`: a new slot loading `version`."""
+        assert version in self.cores.catalogue.versions(), f"grew {version}, not live"
+        self.grown.append((self.now, version))
+        self.slots.append(ScaledSlot(self.new_worker(), version, "loading", self.now,
+                                     start=True, ready_at=self.now + self.hint(version)))
+        self.expected.append(Expected(version, self.now, self.now + self.load_s(version)))
+        assert len(self.slots) <= self.scaling.max_workers, (
+            f"grew to {len(self.slots)} slots, max {self.scaling.max_workers}")
+        model = self.cores.catalogue.models[split_key(version)[0]]
+        on = self.on_model(model.name)
+        assert model.max_workers is None or on <= model.max_workers, (
+            f"grew {model.name} to {on} workers, its max_workers {model.max_workers}")
+
+    def retire(self, worker: WorkerId) -> None:
+        """`Pool.retire`: only its slot's idle live incarnation leaves; a dead one stays
+        (its death is reported and its slot restarts)."""
+        slot = self.slot_of(worker)
+        assert slot is not None, f"retired {worker}, not a slot's current incarnation"
+        assert slot.state != "loading", f"retired {worker} while it loads"
+        assert worker not in self.flights, f"retired {worker} with a batch in flight"
+        self.retired.add(worker)
+        self.retirements.append((self.now, worker, slot.version))
+        if slot.state == "up":
+            self.slots.remove(slot)
+            self.check_floor(slot.version, "retired")
+
+    def cancel_start(self, version: str) -> bool:
+        """`Pool.cancel_start`: the newest slot of `version` loading a start leaves."""
+        self.cancels.append((self.now, version))
+        starts = [s for s in self.slots if isinstance(s, ScaledSlot) and s.start
+                  and s.state == "loading" and s.version == version]
+        mine = [e for e in self.expected if e.version == version]
+        if mine:  # the rule takes back the start of the version asked for last
+            self.expected.remove(mine[-1])
+        if not starts:
+            return False
+        self.slots.remove(starts[-1])
+        self.check_floor(version, "took back a start of")
+        return True
+
+    # -- the door ------------------------------------------------------------------------
+    def submit(self, model: str | None, n: int = 1, tier: Tier = Tier.PAID,
+               timeout: float = 5.0) -> list[Item] | BatchgateError:
+        """As the driver's, noting refusals, and metering what the version's batcher was
+        offered and admitted (paid)."""
+        got = super().submit(model, n, tier, timeout)
+        if isinstance(got, BatchgateError):
+            self.refusals.append((self.now, tier, got))
+        if not isinstance(got, ModelLoading | UnknownModel):
+            version = self.cores.resolve(model, None)
+            self.offered.setdefault((version, tier), RateMeter()).add(n, self.now)
+        if isinstance(got, list) and tier is Tier.PAID:
+            meter = self.paid_rates.setdefault(got[0].version, RateMeter())
+            meter.add(n, self.now, sum(len(i.text) for i in got))
+        return got
+
+    def offer(self, until: float, free: float = 0.0, paid: float = 0.0,
+              model: str | None = None, timeout: float = 5.0) -> None:
+        """One-item requests at `free` and `paid` per second, evenly spaced (the first half
+        a gap in), on a healthy pool, until `until`; the capacity checked after each."""
+        start, rates = self.now, {Tier.PAID: paid, Tier.FREE: free}
+        sent = dict.fromkeys(Tier, 0)
+
+        def due(tier: Tier) -> float:
+            rate = rates[tier]
+            return start + (sent[tier] + 0.5) / rate if rate > 0 else math.inf
+
+        while (at := min(due(t) for t in Tier)) <= until:
+            self.run(at)
+            for tier in Tier:
+                if due(tier) <= self.now + TOLERANCE:
+                    sent[tier] += 1
+                    self.submit(model, 1, tier, timeout)
+            self.check_capacity()
+        self.run(until)
+
+    def run(self, until: float, step: float = math.inf) -> None:
+        """A healthy pool until `until`, event by event: each batch answered LATENCY after
+        it was sent, each load ready at its slot's time (a start that failed waits out its
+        backoff first), waiters timing out; the cores woken at their deadlines between."""
+        while True:
+            answers = [f.sent_at + LATENCY for w, f in self.flights.items() if self.up(w)]
+            loads = [s.ready_at for s in self.slots
+                     if isinstance(s, ScaledSlot) and s.state == "loading"]
+            at = min([*answers, *loads, math.inf])
+            if at > until:
+                break
+            self.advance(max(self.now, min(at, self.now + step)))
+            self.time_out_waiters()
+            for worker, flight in sorted(self.flights.items()):
+                if self.up(worker) and self.now >= flight.sent_at + LATENCY - TOLERANCE:
+                    self.answer(worker)
+            for slot in [s for s in self.slots if s.state == "loading"]:
+                assert isinstance(slot, ScaledSlot)
+                if self.now >= slot.ready_at - TOLERANCE:
+                    self.ready(slot)
+        self.advance(until)
+        self.time_out_waiters()
+
+    # -- reading -------------------------------------------------------------------------
+    def oldest(self, version: str) -> Expected:
+        first = next((e for e in self.expected if e.version == version), None)
+        assert first is not None, f"no start of {version} expected"
+        return first
+
+    def on_model(self, model: str) -> int:
+        """Slots holding or loading a version of `model`."""
+        return sum(split_key(s.version)[0] == model for s in self.slots)
+
+    def starting(self, version: str) -> int:
+        return sum(isinstance(s, ScaledSlot) and s.start and s.state == "loading"
+                   and s.version == version for s in self.slots)
+
+    # -- checks --------------------------------------------------------------------------
+    def check_floor(self, version: str, what: str) -> None:
+        """After a slot left: the pool keeps its minimum, the model its min_workers."""
+        assert len(self.slots) >= self.scaling.min_workers, (
+            f"{what} a worker: {len(self.slots)} slots, min {self.scaling.min_workers}")
+        model = self.cores.catalogue.models.get(split_key(version)[0])
+        if model is not None and version in self.cores.catalogue.versions():
+            on = self.on_model(model.name)
+            assert on >= model.min_workers, (
+                f"{what} {version}: {model.name} on {on}, min_workers {model.min_workers}")
+
+    def check_capacity(self) -> None:
+        """The pool within its bounds; every start slot counted once by the rule; each
+        core's `joining` exactly the starts of its version still expected, sorted."""
+        s = self.scaling
+        assert len(self.slots) <= s.max_workers, f"{len(self.slots)} slots > {s.max_workers}"
+        assert len(self.slots) >= s.min_workers, f"{len(self.slots)} slots < {s.min_workers}"
+        counted = [st.version for st in self.scaler.starting()]
+        for version in {sl.version for sl in self.slots} | set(counted):
+            mine = sum(e.version == version for e in self.expected)
+            assert self.starting(version) == mine == counted.count(version), (
+                f"{version}: {self.starting(version)} start slots loading, "
+                f"{mine} expected, {counted.count(version)} counted by the rule")
+        for version in self.cores.statistics_by_version(self.now):
+            self.check_joining(version)
+
+    def check_joining(self, version: str) -> None:
+        """The core's `joining` is the expected ETAs of `version` not overdue by more than a
+        start-up, sorted. It is refreshed on every event and each STEP_S: one that went
+        overdue since may still be there (the oldest, then)."""
+        start_s = self.load_s(version)
+        etas = sorted(e.eta for e in self.expected if e.version == version)
+        due = [t for t in etas if self.now <= t + start_s]
+        stale = [t for t in etas if t + start_s < self.now <= t + start_s + STEP_S]
+        got = list(self.made[version].joining)
+        assert got == sorted(got), f"{version}: joining not sorted {got}"
+        want = (stale + due)[-len(got):] if got else []
+        assert len(due) <= len(got) <= len(stale) + len(due), (
+            f"{version}: joining {got}, expected {due} (maybe {stale} too) at {self.now}")
+        if all(t >= self.now for t in want):  # none late: each exactly at its ETA
+            assert all(math.isclose(a, b, abs_tol=TOLERANCE)
+                       for a, b in zip(got, want, strict=True)), (
+                f"{version}: joining {got}, expected {want} at {self.now}")
+        else:  # a late one counts a share of a start-up from the refresh: never before its ETA
+            latest = max([*want, self.now + LATE_SHARE * start_s]) + TOLERANCE
+            assert all(min(want) - TOLERANCE <= g <= latest for g in got), (
+                f"{version}: joining {got}, expected within {want} .. {latest} at {self.now}")
+
+__all__ = ["CAPACITY", "SCALED", "Decided", "Expected", "Recording", "ScaledSlot",
+           "ScaledWorld", "backoff", "scaling"]
