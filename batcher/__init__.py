@@ -9,7 +9,7 @@ are `batcher.shared`.
 from batcher.admission import Admission, AdmissionSettings, RateMeter
 from batcher.batcher import Batcher, BatcherStatistics, Cut
 from batcher.clock import Clock, LoopClock, MonotonicClock
-from batcher.cost import BatchCost
+from batcher.cost import BatchCost, Throughput
 from batcher.errors import (
     BatchgateError,
     Closed,
@@ -53,6 +53,7 @@ __all__ = [
     "QueueFull",
     "QueueStatistics",
     "RateMeter",
+    "Throughput",
     "Tier",
     "TierQueues",
 ]

@@ -17,6 +17,10 @@ While the pool grows, workers on their way count from the moment each is expecte
 (`joining`): the work ahead drains over that capacity curve (`capacity_wait`). A refusal's
 Retry-After is the time until a request of its tier would fit its budget on that curve: the
 capacity it needs being up, or the queue ahead drained, whichever comes first.
+
+The same cost line says what one worker drains (`throughput`): full batches of the mix of
+characters per item that recent batches carried. It is the one measured capacity of the
+version this admission serves; placement and the scaling rule read it from its core.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batcher.cost import BatchCost
+from batcher.cost import BatchCost, Throughput
 from batcher.errors import DeadlineUnreachable, NoWorkerReady, OverBudget
 from batcher.types import MAX_BATCH, Tier
 
@@ -35,7 +39,7 @@ class AdmissionSettings:
     budgets: dict[Tier, float]  # seconds of expected completion time, per tier
     max_batch: int = MAX_BATCH
     initial_latency: float = 0.1  # batch latency assumed until one is measured
-    smoothing: float = 0.2  # weight of the newest batch in the latency average
+    smoothing: float = 0.2  # weight of the newest batch in the latency and mix averages
     max_batch_chars: int | None = None  # a fixed cap on a batch's characters (None: learned)
     longest_batch: float | None = None  # seconds the learned cap aims at (see `BatchCost`)
 
@@ -114,16 +118,29 @@ class Admission:
         self.cost = BatchCost(settings.initial_latency, settings.max_batch,
                               settings.max_batch_chars, settings.longest_batch)
         self._per_item = 1 / settings.max_batch
+        self._chars_per_item: float | None = None  # of answered batches (an EWMA)
 
     @property
     def batch_latency(self) -> float:
         return self._latency
 
-    def observe_batch(self, seconds: float, chars: int = 0) -> None:
-        """Fold a measured batch into the latency average (an EWMA) and the cost line."""
+    def observe_batch(self, seconds: float, chars: int = 0, items: int = 0) -> None:
+        """Fold a measured batch into the latency average (an EWMA) and the cost line, and
+        its `items` (0: not told) into the mix of characters per item."""
         a = self._settings.smoothing
         self._latency = (1 - a) * self._latency + a * seconds
         self.cost.observe(seconds, chars)
+        if items > 0:
+            mix = chars / items
+            last = self._chars_per_item
+            self._chars_per_item = mix if last is None else (1 - a) * last + a * mix
+
+    def throughput(self) -> Throughput:
+        """What one worker drains at full batches of the current mix (the characters per
+        item of recent batches), by the cost line that admission counts the queue with.
+        Before any batch is measured it is what admission assumes: `max_batch` items in
+        `initial_latency` seconds (the version's batch latency floor or hint)."""
+        return self.cost.throughput(self._chars_per_item or 0.0)
 
     def estimate(
         self, queued: int, workers: int, overtaking: float = 0.0, *, queued_chars: int = 0,

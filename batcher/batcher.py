@@ -208,6 +208,14 @@ class Batcher:
         """Items per second arriving over every tier (decaying average)."""
         return sum(meter.rate(now) for meter in self._arrivals.values())
 
+    def offered_rate(self, now: float) -> float:
+        """Items per second offered over every tier, refused or not, where that is metered
+        (`count_offered`); else those admitted. Demand a door holds to its budget shows
+        only here."""
+        if self._offered is None:
+            return self.arrival_rate(now)
+        return sum(meter.rate(now) for meter in self._offered.values())
+
     def load_rate(self, now: float) -> float:
         """The rate the idle trigger plans for: the decaying average, or the rate of the last
         few requests when higher. The average takes a second to see a step from idle to full

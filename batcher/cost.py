@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 WINDOW = 256  # recent batches
 LONG_WINDOW = 32  # recent long batches, kept apart
@@ -32,6 +33,21 @@ SIGNIFICANCE = 3.0  # t-statistic the slope must reach to count
 PROBE_CHARS = 10_000  # a cut may always hold twice this many characters
 GROWTH = 2.0  # a cut holds at most this many times the largest measured batch
 CHAR_SHARE = 0.5  # a batch's characters may always cost this share of its fixed part
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """What one worker drains at full batches of a mix of inputs: a batch of `batch_items`
+    items (as many as `max_batch` and the characters' cap let in) takes `batch_s` seconds."""
+
+    batch_items: float
+    batch_s: float
+
+    @property
+    def per_worker(self) -> float:
+        """Items/s one worker drains, busy all the time (inf for batches that take no
+        time: a floor of 0 and nothing measured yet)."""
+        return self.batch_items / self.batch_s if self.batch_s > 0 else math.inf
 
 
 class _Sums:
@@ -146,6 +162,16 @@ class BatchCost:
         batches = max(items / self._max_batch, chars / self.cap)
         return batches * self.fixed + self.per_char * chars
 
+    def throughput(self, chars_per_item: float) -> Throughput:
+        """A full batch of items of `chars_per_item` characters each, by the fitted line:
+        the inverse of what `work` charges an item, so that what admission counts a queue
+        as and what a worker is taken to drain are one figure. Before any batch is
+        measured it is `max_batch` items in `floor` seconds."""
+        items = float(self._max_batch)
+        if chars_per_item > 0:
+            items = min(items, self.cap / chars_per_item)
+        return Throughput(items, self.fixed + self.per_char * chars_per_item * items)
+
     def batch_chars(self) -> float:
         """Characters a batch may hold once the cost is known: the fixed cap, or the size at
         which a batch takes `longest` (inf while characters cost nothing)."""
@@ -160,4 +186,4 @@ class BatchCost:
         return min(self.cap, GROWTH * max(self._largest, PROBE_CHARS))
 
 
-__all__ = ["BatchCost"]
+__all__ = ["BatchCost", "Throughput"]

@@ -21,7 +21,6 @@ from failover.errors import (
 from failover.hang import BatchTimes, HangSettings
 from failover.owner import Core, CoreObserver, CoreOwner
 from failover.quarantine import Quarantine
-from failover.simulation import simulate
 from failover.table import Actions, Dispatch, InFlight, InFlightTable, TableStatistics
 
 __all__ = [
@@ -51,5 +50,4 @@ __all__ = [
     "UnknownModel",
     "WorkerCrashed",
     "build_core",
-    "simulate",
 ]

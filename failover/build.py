@@ -42,9 +42,11 @@ def longest_batch(settings: CoreSettings) -> float | None:
     return room if 0 < room < math.inf else None
 
 
-def build_core(settings: CoreSettings, times: BatchTimes | None = None) -> DispatchCore:
-    """A dispatch core; `times` replaces the batch-time record built from `settings.hang`
-    (a test's, primed as if batches had run)."""
+def build_core(settings: CoreSettings, times: BatchTimes | None = None, version: str = ""
+               ) -> DispatchCore:
+    """A dispatch core serving `version` ("": the only one); `times` replaces the
+    batch-time record built from `settings.hang` (a test's, primed as if batches had
+    run)."""
     admission = Admission(AdmissionSettings(
         budgets=dict(settings.budgets), max_batch=settings.policy.max_batch,
         initial_latency=settings.initial_latency,
@@ -55,7 +57,7 @@ def build_core(settings: CoreSettings, times: BatchTimes | None = None) -> Dispa
     table = InFlightTable(max_attempts=settings.max_attempts,
                           bisect_budget=settings.bisect_budget,
                           times=times or BatchTimes(settings.hang))
-    return DispatchCore(Batcher(queues, settings.policy, admission), table, admission)
+    return DispatchCore(Batcher(queues, settings.policy, admission), table, admission, version)
 
 
 __all__ = ["CoreSettings", "build_core", "longest_batch"]

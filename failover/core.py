@@ -30,6 +30,7 @@ from batcher import (
     DeadlineExceeded,
     FlushReason,
     Item,
+    Throughput,
     Tier,
 )
 from failover.errors import (
@@ -44,7 +45,7 @@ from failover.groups import Group, Kind
 from failover.offenders import Offenders
 from failover.quarantine import Quarantine
 from failover.table import InFlightTable, TableStatistics
-from gpu_pool import Err, Ok, Run, WorkerId
+from gpu_pool import Err, Ok, Run, StartId, WorkerId
 
 Result = tuple[Item, str | BaseException]
 Refusal = BatchgateError  # why `admit` turned a request away
@@ -75,10 +76,12 @@ class CoreActions:
     # Model time of answered batches, with the version that ran each (metrics).
     batch_seconds: list[tuple[float, str]] = field(default_factory=list)
     forgive: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
-    switch: list[tuple[WorkerId, str]] = field(default_factory=list)  # idle -> version key
-    grow: list[str] = field(default_factory=list)  # a new worker holding each version
+    # An idle worker to another version, and the start that loads it.
+    switch: list[tuple[WorkerId, str, StartId]] = field(default_factory=list)
+    grow: list[tuple[str, StartId]] = field(default_factory=list)  # a new worker, its start
     retire: list[WorkerId] = field(default_factory=list)  # idle workers leaving for good
-    cancel_start: list[str] = field(default_factory=list)  # a worker of each not yet up
+    cancel_start: list[StartId] = field(default_factory=list)  # starts taken back
+    loaded: list[tuple[str, float]] = field(default_factory=list)  # loads measured (metrics)
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
@@ -90,6 +93,7 @@ class CoreActions:
         self.grow += other.grow
         self.retire += other.retire
         self.cancel_start += other.cancel_start
+        self.loaded += other.loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +104,7 @@ class Demand:
     paid: int  # of which in the paid and retry lanes
     oldest: float  # when the oldest was queued (inf: none)
     oldest_deadline: float  # that item's deadline (inf: none)
-    rate: float  # items/s arriving (decaying average)
+    rate: float  # items/s offered, admitted or refused (decaying average)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,9 @@ class CoreStatistics:
 
 
 class DispatchCore:
-    def __init__(self, batcher: Batcher, table: InFlightTable, admission: Admission) -> None:
+    def __init__(self, batcher: Batcher, table: InFlightTable, admission: Admission,
+                 version: str = "") -> None:
+        """`version`: the model version it serves, for metrics ("": the only one)."""
         self._batcher = batcher
         self._table = table
         self._admission = admission
@@ -147,36 +153,36 @@ class DispatchCore:
         self._hangs = 0
         self._quarantine = Quarantine()
         self._offenders = Offenders()
-        # Workers on their way (a version being loaded): admission counts them while none
-        # is ready, so that a request for a cold version is queued, not refused.
-        self.arriving = 0
-        # When each worker being added for this version is expected up (absolute, sorted;
-        # `failover.fleet.capacity`): admission counts them from then on.
-        self.joining: tuple[float, ...] = ()
-        self.version = ""  # the model version it serves, for metrics ("": the only one)
+        # When each worker on its way for this version is expected up (absolute, sorted;
+        # `workers_coming`): admission counts them from then on.
+        self._coming: tuple[float, ...] = ()
+        self.version = version
 
     # -- the front door's events -----------------------------------------------------------
-    def admit(self, items: list[Item], deadline_in: float, now: float) -> bool:
+    def admit(self, items: list[Item], deadline_in: float, now: float, arriving: int = 0
+              ) -> bool:
         """Queue a request's items or refuse them all (raises Closed, Overloaded, QueueFull,
-        and QueryOfDeath for an input in quarantine).
+        and QueryOfDeath for an input in quarantine). `arriving`: workers loading this
+        version while none is up, counted as ready, so that a request for a cold version
+        is queued, not refused.
 
         Returns True when the arrival can change a decision now (a worker is idle and the
         queue was empty, is full, or the idle trigger would fire): the owner must take a
         turn. Under load two workers are often idle while the trigger holds back, and a turn
         for every arrival then cost the core process more than the dispatch itself."""
         was_empty = len(self._batcher) == 0
-        self._admit(items, deadline_in, now, self._table.ready_count() or self.arriving,
-                    self._joining(now) if self.joining else ())
+        self._admit(items, deadline_in, now, self._table.ready_count() or arriving,
+                    self._joining(now) if self._coming else ())
         return self._must_turn(was_empty, now)
 
     def admit_all(
-        self, requests: Sequence[tuple[list[Item], float]], now: float
+        self, requests: Sequence[tuple[list[Item], float]], now: float, arriving: int = 0
     ) -> tuple[list[Refusal | None], bool]:
         """`admit` for several requests that arrived together (a gateway's frame): each
         one's refusal or None, and whether the owner must take a turn, decided once."""
         was_empty = len(self._batcher) == 0
-        ready = self._table.ready_count() or self.arriving
-        joining = self._joining(now) if self.joining else ()
+        ready = self._table.ready_count() or arriving
+        joining = self._joining(now) if self._coming else ()
         refusals: list[Refusal | None] = []
         start, end = 0, len(requests)
         while start < end:  # a run of one tier and one deadline at a time
@@ -204,9 +210,19 @@ class DispatchCore:
         """The pool may grow: meter what each tier offers, refused or not (`Batcher`)."""
         self._batcher.count_offered()
 
+    def workers_coming(self, etas: tuple[float, ...]) -> None:
+        """Workers on their way for this version are now expected up at `etas` (absolute,
+        soonest first): admission counts each from then on."""
+        self._coming = etas
+
+    @property
+    def joining(self) -> tuple[float, ...]:
+        """When each worker on its way is expected up (absolute, soonest first)."""
+        return self._coming
+
     def _joining(self, now: float) -> tuple[float, ...]:
         """Seconds from `now` until each worker on its way is expected up."""
-        return tuple(max(0.0, at - now) for at in self.joining)
+        return tuple(max(0.0, at - now) for at in self._coming)
 
     def _admit(self, items: list[Item], deadline_in: float, now: float, ready: int,
                joining: tuple[float, ...] = ()) -> None:
@@ -261,9 +277,10 @@ class DispatchCore:
         self._batcher.drain()
 
     # -- the pool's events -----------------------------------------------------------------
-    def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
-        """`version`: what it holds, for a core of several (`failover.fleet`); one
-        version's core serves whatever its workers hold."""
+    def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
+                     version: str = "") -> CoreActions:
+        """`start`, `version`: the start it ends and what it holds, for a core of several
+        (`failover.fleet`); one version's core serves whatever its workers hold."""
         self._table.worker_up(worker)
         return self._pump(now, CoreActions())
 
@@ -275,7 +292,7 @@ class DispatchCore:
             actions = self._table.on_ok(worker, reply.batch_id, reply.outputs, reply.seconds)
             if actions.deliver and not actions.discarded:
                 chars = sum(len(item.text) for item, _ in actions.deliver)
-                self._admission.observe_batch(reply.seconds, chars)
+                self._admission.observe_batch(reply.seconds, chars, len(actions.deliver))
                 out.batch_seconds.append((reply.seconds, self.version))
         else:
             error_cls = ContractViolation if reply.kind == "contract" else ModelError
@@ -290,13 +307,10 @@ class DispatchCore:
     def worker_left(self, worker: WorkerId) -> bool:
         """Take an idle worker out (it is switched to another version): False, and nothing
         changed, when it is busy or unknown."""
-        if not self._table.is_idle(worker):
-            return False
-        self._table.on_worker_died(worker)
-        self._table.peak_ready = self._table.ready_count()  # the version's pool shrank
-        return True
+        return self._table.worker_left(worker)
 
-    def worker_died(self, worker: WorkerId, now: float, version: str = "") -> CoreActions:
+    def worker_died(self, worker: WorkerId, now: float, version: str = "",
+                    restart: StartId | None = None) -> CoreActions:
         self._stop_clock(worker, now)
         actions = self._table.on_worker_died(worker, now)
         for item, result in actions.deliver:
@@ -360,6 +374,13 @@ class DispatchCore:
     def batch_latency(self) -> float:
         return self._admission.batch_latency
 
+    def throughput(self) -> Throughput:
+        """What one worker of this version drains at full batches of the current mix, as
+        its admission measures it (`Admission.throughput`): the capacity placement and
+        the scaling rule plan with. Until a batch is answered it is admission's first
+        estimate: `max_batch` items in the version's batch latency floor or hint."""
+        return self._admission.throughput()
+
     def demand(self, now: float) -> Demand:
         queues = self._batcher.queues
         oldest = queues.oldest()
@@ -367,13 +388,13 @@ class DispatchCore:
             queued=len(queues), paid=queues.depth_through(Tier.PAID),
             oldest=math.inf if oldest is None else oldest.enqueued,
             oldest_deadline=math.inf if oldest is None else oldest.deadline,
-            rate=self._batcher.arrival_rate(now),
+            rate=self._batcher.offered_rate(now),
         )
 
     def expected_wait(self, tier: Tier, now: float) -> float:
         """Admission's estimate for a new item of `tier` (seconds; inf with no worker)."""
         return self._batcher.expected_wait(tier, now, self._table.ready_count(),
-                                           self._joining(now) if self.joining else ())
+                                           self._joining(now) if self._coming else ())
 
     @property
     def draining(self) -> bool:

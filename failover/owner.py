@@ -27,7 +27,7 @@ from anyio.abc import TaskStatus
 from batcher import Clock, FlushReason, Item, Tier
 from failover.core import CoreActions, CoreStatistics, Refusal
 from failover.errors import ModelLoading
-from gpu_pool import Err, Load, Ok, Pool, WorkerId
+from gpu_pool import Err, Load, Ok, Pool, StartId, WorkerId
 
 STALL_S = 0.1
 """A wake this much later than the owner asked for (or than its last turn, if that ran
@@ -55,12 +55,14 @@ class Core(Protocol):
 
     def drain(self) -> None: ...
 
-    def worker_ready(self, worker: WorkerId, now: float, version: str = "") -> CoreActions: ...
+    def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
+                     version: str = "") -> CoreActions: ...
 
     def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
         ...
 
-    def worker_died(self, worker: WorkerId, now: float, version: str = "") -> CoreActions: ...
+    def worker_died(self, worker: WorkerId, now: float, version: str = "",
+                    restart: StartId | None = None) -> CoreActions: ...
 
     def poll(self, now: float) -> CoreActions: ...
 
@@ -91,6 +93,9 @@ class CoreObserver(Protocol):
 
     def batch_done(self, seconds: float, version: str = "") -> None: ...
 
+    def load_done(self, version: str, seconds: float) -> None:
+        """A worker loaded `version` in `seconds`, from the moment it was asked for."""
+
 
 class _Unobserved:
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
@@ -100,10 +105,15 @@ class _Unobserved:
     def batch_done(self, seconds: float, version: str = "") -> None:
         pass
 
+    def load_done(self, version: str, seconds: float) -> None:
+        pass
+
 
 @dataclass(frozen=True, slots=True)
 class _Ready:
     worker: WorkerId
+    start: StartId
+    version: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +126,16 @@ class _Reply:
 @dataclass(frozen=True, slots=True)
 class _Died:
     worker: WorkerId
+    version: str
+    restart: StartId | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """Something the core decides on changed outside it (the catalogue): applied in a
+    turn, with that turn's clock reading."""
+
+    apply: Callable[[float], None]
 
 
 class CoreOwner:
@@ -132,22 +152,22 @@ class CoreOwner:
         self._pool = pool
         self._clock = clock
         self._observer: CoreObserver = observer or _Unobserved()
-        self._inbox: deque[_Ready | _Reply | _Died] = deque()
+        self._inbox: deque[_Ready | _Reply | _Died | _Change] = deque()
         self._wake = anyio.Event()
         self._finished = anyio.Event()
         self._turned_at = -math.inf  # the clock at the start of the last turn
 
     # -- the pool's events: queued for the next turn ---------------------------------------
-    def worker_ready(self, worker: WorkerId) -> None:
-        self._post(_Ready(worker))
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        self._post(_Ready(worker, start, version))
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         self._post(_Reply(worker, reply, self._clock.now()))
 
-    def worker_died(self, worker: WorkerId) -> None:
-        self._post(_Died(worker))
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+        self._post(_Died(worker, version, restart))
 
-    def _post(self, event: _Ready | _Reply | _Died) -> None:
+    def _post(self, event: _Ready | _Reply | _Died | _Change) -> None:
         self._inbox.append(event)
         self._wake.set()
 
@@ -181,9 +201,13 @@ class CoreOwner:
         if self._core.cancel(item):
             self._wake.set()
 
-    def poke(self) -> None:
-        """Take a turn soon: something the core decides on changed (the catalogue)."""
-        self._wake.set()
+    def change(self, apply: Callable[[float], None]) -> None:
+        """Something the core decides on changed outside it (the admin API, SIGHUP):
+        `apply(now)` changes the core in a turn taken at once, with that turn's clock, so
+        what the caller reads next already has it."""
+        self._post(_Change(apply))
+        self._turn()
+        self._wake.set()  # the loop asks the core again when it next needs waking
 
     def drain(self) -> None:
         """Stop admitting; `run` returns once everything queued and in flight is answered."""
@@ -251,11 +275,13 @@ class CoreOwner:
             if isinstance(event, _Reply):
                 actions.extend(core.reply(event.worker, event.reply, now, event.at))
             elif isinstance(event, _Died):
-                version = self._pool.version_of(event.worker) or ""
-                actions.extend(core.worker_died(event.worker, now, version))
+                actions.extend(core.worker_died(event.worker, now, event.version,
+                                                event.restart))
+            elif isinstance(event, _Ready):
+                actions.extend(core.worker_ready(event.worker, now, event.start,
+                                                 event.version))
             else:
-                version = self._pool.version_of(event.worker) or ""
-                actions.extend(core.worker_ready(event.worker, now, version))
+                event.apply(now)
         actions.extend(core.poll(now))
         self._perform(actions)
 
@@ -268,18 +294,20 @@ class CoreOwner:
             self._pool.kill(worker)
         for worker in actions.forgive:
             self._pool.forgive(worker)
-        for worker, version in actions.switch:
+        for worker, version, start in actions.switch:
             assert self._loads is not None, "a switch needs the versions' loads"
-            self._pool.switch(worker, self._loads(version))
-        for version in actions.grow:
+            self._pool.switch(worker, self._loads(version), start)
+        for version, start in actions.grow:
             assert self._loads is not None, "a worker added needs the versions' loads"
-            self._pool.add(self._loads(version))
+            self._pool.add(self._loads(version), start)
         for worker in actions.retire:
             self._pool.retire(worker)
-        for version in actions.cancel_start:
-            self._pool.cancel_start(version)
+        for start in actions.cancel_start:
+            self._pool.cancel_start(start)
         for seconds, version in actions.batch_seconds:
             observer.batch_done(seconds, version)
+        for version, seconds in actions.loaded:
+            observer.load_done(version, seconds)
         for item, result in actions.settle:
             item.sink.item_done(item, result)  # `Item.settle`, inlined: 100 a batch
 

@@ -135,6 +135,16 @@ class InFlightTable:
         self._idle[worker] = None
         self.peak_ready = max(self.peak_ready, self.ready_count())
 
+    def worker_left(self, worker: WorkerId) -> bool:
+        """Take idle `worker` out: it leaves this table's pool (switched to another
+        version, retired), which shrinks by one. False, and nothing changed, when it is
+        busy or unknown."""
+        if worker not in self._idle:
+            return False
+        del self._idle[worker]
+        self.peak_ready = self.ready_count()
+        return True
+
     def idle_count(self) -> int:
         return len(self._idle)
 

@@ -22,7 +22,7 @@ from gpu_pool.models import (
     validate_spec,
 )
 from gpu_pool.pool import PoolSettings, WorkerPool
-from gpu_pool.protocol import BatchId, Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.protocol import BatchId, Err, Ok, Origin, Ready, Run, StartId, Stop, WorkerId
 from gpu_pool.ray_settings import (
     CELL_ID_ENV,
     INCARNATION_ENV,
@@ -46,6 +46,7 @@ __all__ = [
     "Load",
     "ModelEntry",
     "Ok",
+    "Origin",
     "Pool",
     "PoolEvents",
     "PoolSettings",
@@ -53,6 +54,7 @@ __all__ = [
     "Ready",
     "Run",
     "SlotState",
+    "StartId",
     "Stop",
     "WorkerConfig",
     "WorkerId",

@@ -2,7 +2,7 @@
 
 A pool slot holds one resident version at a time (a GPU's memory). The version key
 ("model@version") is the core's name for it and opaque here: the pool only stores it, so
-that it can say which version each incarnation holds (`Pool.version_of`). The spec says
+that its events can say which version a worker holds. The spec says
 what to load, as `--model` takes it. The one-model shorthand is a single version,
 `DEFAULT_VERSION`, on every slot.
 """

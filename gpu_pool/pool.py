@@ -305,8 +305,7 @@ class WorkerPool(SlotPool[_Slot]):
             self._let_go(slot)  # it loaded the old version, switched away meanwhile
             self._slots.take_back(slot, worker)
         elif isinstance(msg, Ready):
-            replaced = slot.replacing
-            self._slots.mark_ready(slot, msg.device)
+            started = self._slots.mark_ready(slot, msg.device)
             slot.ready.set()
             log.info("worker %s ready (slot %d, pid %d, %s)", worker, slot.index, msg.pid,
                      msg.device)
@@ -315,8 +314,8 @@ class WorkerPool(SlotPool[_Slot]):
                 log.warning("worker %s holds more than --worker-max-rss-mb %d as it comes up:"
                             " it will be replaced after every batch", worker,
                             self._memory.max_rss_mb)
-            if not replaced:
-                self._events.worker_ready(worker)
+            if started is not None:
+                self._events.worker_ready(worker, started, slot.version)
             elif slot.held is not None and slot.pipe is not None:  # the core's, meanwhile
                 run, slot.held = slot.held, None
                 slot.state = SlotState.BUSY
@@ -385,7 +384,7 @@ class WorkerPool(SlotPool[_Slot]):
         if not self._slots.stopping:
             code = slot.process.exitcode if slot.process is not None else None
             log.warning("worker %s (slot %d) died (exit code %s)", worker, slot.index, code)
-        self._events.worker_died(worker)
+        self._events.worker_died(worker, slot.version, self._restart_of(slot))
 
     def _on_exit(self, slot: _Slot, worker: WorkerId) -> None:
         if slot.worker != worker:
@@ -415,6 +414,9 @@ class WorkerPool(SlotPool[_Slot]):
             self._slots.restart(slot)
 
     # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
+    def _restarts(self) -> bool:
+        return self._settings.restart
+
     def _new_slot(self, index: int, load: Load) -> _Slot:
         return _Slot(index, load=load, gpu=self._free_gpu())
 

@@ -6,6 +6,7 @@ loaded, then exactly one `Ok` or `Err` per `Run`. EOF on the pipe means the work
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import NewType
 
@@ -13,6 +14,25 @@ BatchId = NewType("BatchId", int)
 WorkerId = NewType("WorkerId", int)
 """Unique per worker incarnation: a restarted slot gets a new id, so a late answer from the
 dead incarnation can never be taken for the new one's."""
+
+
+class Origin(enum.Enum):
+    """Who made a start."""
+
+    FIRST = "first"  # a slot the pool was built with: `number` is the slot's index
+    CORE = "core"  # the core asked for it (a worker added, a switch): the core's count
+    RESTART = "restart"  # the pool restarts a dead worker: `number` is the dead one's id
+
+
+@dataclass(frozen=True, slots=True)
+class StartId:
+    """The identity of one start of a slot (a worker on its way), from the moment it is
+    asked for until a worker is up for it (`PoolEvents.worker_ready` carries it back) or
+    it is taken back. A start whose worker dies while loading is retried under the same
+    id; a worker that dies once up is restarted under a new one (`Origin.RESTART`)."""
+
+    origin: Origin
+    number: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,4 +75,5 @@ class Stop:
 ToWorker = Run | Stop
 FromWorker = Ready | Ok | Err
 
-__all__ = ["BatchId", "Err", "FromWorker", "Ok", "Ready", "Run", "Stop", "ToWorker", "WorkerId"]
+__all__ = ["BatchId", "Err", "FromWorker", "Ok", "Origin", "Ready", "Run", "StartId", "Stop",
+           "ToWorker", "WorkerId"]

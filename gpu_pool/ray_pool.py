@@ -11,7 +11,8 @@ watchdog's `kill`) and a lost node all look alike. Before a death is reported, R
 which nodes are dead (a few milliseconds), and the dead actor's raylet is knocked on: one
 that refuses the connection is a lost node even before Ray's health checks say so (they
 take several periods). Every actor of a lost node is reported in the same turn. A dead
-slot gets a new actor after the process pool's backoff; the new one waits, `pending`, until
+slot gets a new actor once its death is reported (the ready of a restart never precedes the
+death that announced it), after the process pool's backoff; the new one waits, `pending`, until
 the cluster has room for it, and meanwhile the pool simply runs smaller.
 
 With a memory bound, an actor that says with its answer that it holds more is killed while
@@ -32,7 +33,7 @@ In a cell (`RayPoolSettings.cell`) the actors are detached and named for the cel
 so they outlive a core that dies abruptly: the next core finds each slot's newest actor
 alive and claims it (`gpu_pool.ray_actor`), its model already loaded, instead of starting
 one, whichever version it holds, if the pool names it (`RayPoolSettings.claimable`: the
-actor says which in its claim's answer, and `version_of` answers it); an actor that cannot
+actor says which in its claim's answer, and its ready event carries it); an actor that cannot
 be claimed within the ready timeout (the dead core's batch hangs on it) is killed and
 replaced; one of a slot beyond the first `workers` (added by scaling) is killed. A pool
 that stops, drained or cancelled, kills its actors, so nothing is left on the cluster; an
@@ -61,7 +62,7 @@ from ray.exceptions import RayError
 
 from gpu_pool.load import Load
 from gpu_pool.memory import MIB
-from gpu_pool.protocol import Run, WorkerId
+from gpu_pool.protocol import Run, StartId, WorkerId
 from gpu_pool.ray_actor import (
     Claim,
     Owner,
@@ -119,6 +120,9 @@ class RayPool(SlotPool[_Slot]):
         self._claimable = {self._config(load) for load in (*loads, *settings.claimable)}
         self._owns_ray = False
         self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
+        # What each death in `_dying` reports: its slot (restarted once it is reported), the
+        # version, the start its slot carries out.
+        self._died: dict[WorkerId, tuple[_Slot, str, StartId | None]] = {}
         self._suspects: set[str] = set()  # the nodes of `_dying`: is each one lost?
         self._deaths = anyio.Event()  # set when `_dying` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
@@ -313,14 +317,14 @@ class RayPool(SlotPool[_Slot]):
         held = claim.config
         if slot.load is None or held != self._config(slot.load):  # an earlier core's switch
             self._slots.holds(slot, Load(held.version, held.model, held.latency_floor))
-        replaced, ready = slot.replacing, claim.ready
-        self._slots.mark_ready(slot, ready.device)
+        ready = claim.ready
+        started = self._slots.mark_ready(slot, ready.device)
         self.attached += claim.reused
         log.info("worker %s %s (slot %d, node %s, pid %d, %s)", worker,
                  "attached, loaded by an earlier core" if claim.reused else "ready",
                  slot.index, slot.node, ready.pid, ready.device)
-        if not replaced:
-            self._events.worker_ready(worker)
+        if started is not None:
+            self._events.worker_ready(worker, started, slot.version)
         elif slot.held is not None:  # the core's batch, sent meanwhile
             run, slot.held = slot.held, None
             self._run(slot, worker, run)
@@ -416,9 +420,10 @@ class RayPool(SlotPool[_Slot]):
         self._lost(slot, worker, kill=False)
 
     def _lost(self, slot: _Slot, worker: WorkerId, *, kill: bool = True) -> None:
-        """The incarnation is gone, or must go: kill it (unless another core owns it) and
-        replace it; its death is reported once, after its node is checked
-        (`_report_deaths`). Not one the core switched away: its slot starts the new version."""
+        """The incarnation is gone, or must go: kill it (unless another core owns it); its
+        death is reported once, after its node is checked, and only then is its slot
+        restarted (`_report_deaths`): the restart's ready never comes before the death that
+        announced it. Not one the core switched away: its slot starts the new version."""
         if slot.switched_out == worker:
             if kill:
                 self._let_go(slot)
@@ -439,11 +444,10 @@ class RayPool(SlotPool[_Slot]):
         if not self._slots.stopping:
             log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
         self._dying.append(worker)
+        self._died[worker] = (slot, slot.version, self._restart_of(slot))
         if slot.node != "-":
             self._suspects.add(slot.node)
         self._deaths.set()
-        if self._settings.pool.restart:
-            self._slots.restart(slot)
 
     # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
     def _new_slot(self, index: int, load: Load) -> _Slot:
@@ -457,6 +461,9 @@ class RayPool(SlotPool[_Slot]):
         slot.actor = None
         if slot.retired is None:  # else its start reaps the one let go, then removes it
             self._slots.remove(slot)
+
+    def _restarts(self) -> bool:
+        return self._settings.pool.restart
 
     def _unreported(self) -> Collection[WorkerId]:
         return self._dying
@@ -492,7 +499,10 @@ class RayPool(SlotPool[_Slot]):
                 report = checked + dead
                 self._dying = [w for w in self._dying if w not in report]
                 for worker in report:
-                    self._events.worker_died(worker)
+                    slot, version, restart = self._died.pop(worker)
+                    self._events.worker_died(worker, version, restart)
+                    if restart is not None:  # only now: its ready must follow the death
+                        self._slots.restart(slot)
 
 
 __all__ = ["RayPool"]

@@ -3,8 +3,11 @@
 A pool starts its workers, runs what it is told (`send`, `kill`, `switch`, and the scaling
 the core decides: `add`, `retire`, `cancel_start`) and reports what happens to them
 (`PoolEvents`: ready, reply, died). It decides nothing about batches, items
-or which version a worker should hold: the core does, and asks the pool which version each
-incarnation holds (`version_of`). The process pool (`gpu_pool/pool.py`) is the first
+or which version a worker should hold: the core does. Every start has an identity
+(`StartId`): the core makes one when it asks for a worker, the pool one when it starts a
+slot on its own (its first workers, a dead worker's restart); each event says which start
+it ends or begins and which version the worker holds, so the core never asks the pool what
+its own event meant. The process pool (`gpu_pool/pool.py`) is the first
 implementation; a pool of actors on other hosts is another.
 """
 
@@ -16,29 +19,34 @@ from typing import Protocol
 from anyio.abc import TaskStatus
 
 from gpu_pool.load import DEFAULT_VERSION, Load
-from gpu_pool.protocol import Err, Ok, Run, WorkerId
+from gpu_pool.protocol import Err, Ok, Run, StartId, WorkerId
 
 
 class PoolEvents(Protocol):
     """Where a pool reports; called from the event loop, must not block or call back."""
 
-    def worker_ready(self, worker: WorkerId) -> None: ...
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        """Incarnation `worker`, holding `version`, is up: it ends `start`."""
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None: ...
 
-    def worker_died(self, worker: WorkerId) -> None: ...
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+        """Incarnation `worker` (holding or loading `version`) is gone. `restart`: the
+        start its slot now carries out to replace it (the same start again when it died
+        loading; a new one, `Origin.RESTART`, when it was up); None when the slot does not
+        start again (the pool is stopping, or does not restart)."""
 
 
 class Unstarted:
     """A pool's listener before `run` names one: no worker exists, so nothing is heard."""
 
-    def worker_ready(self, worker: WorkerId) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
 
@@ -80,15 +88,15 @@ class Pool(Protocol):
         """The death of incarnation `worker` was its input's doing (convicted as a query
         of death): it does not count against its slot's restart backoff."""
 
-    def switch(self, worker: WorkerId, load: Load) -> None:
+    def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
         """The core retires idle incarnation `worker`: its slot stops that process (its
-        memory freed) and starts a new one holding `load`, under a new id reported through
-        `worker_ready`. The retired one is never reported dead; a switch is no crash, no
-        restart, no backoff failure. If `worker` is not its slot's live, idle incarnation,
-        nothing happens (a death is, or was, reported as usual)."""
+        memory freed) and starts a new one holding `load` for `start`, under a new id
+        reported through `worker_ready`. The retired one is never reported dead; a switch
+        is no crash, no restart, no backoff failure. If `worker` is not its slot's live,
+        idle incarnation, nothing happens (a death is, or was, reported as usual)."""
 
-    def add(self, load: Load) -> None:
-        """Start one more worker holding `load`, in a new slot (an index never used
+    def add(self, load: Load, start: StartId) -> None:
+        """Start one more worker holding `load` for `start`, in a new slot (an index never used
         before), reported through `worker_ready` once up; a start that fails (it dies while
         loading) is a death like any other, its slot restarted after its backoff. The
         process pool pins it to a device no other slot holds; a Ray actor waits, pending,
@@ -100,14 +108,10 @@ class Pool(Protocol):
         It is never reported dead: no crash, no restart. If `worker` is not its slot's
         live, idle incarnation, nothing happens."""
 
-    def cancel_start(self, version: str) -> bool:
-        """Take back the newest start of `version` not up yet (pending, starting, or dead
-        and waiting out its backoff; not a switch's): end what it started and remove its
-        slot, reporting nothing of it. False if there is none."""
-
-    def version_of(self, worker: WorkerId) -> str | None:
-        """The version incarnation `worker` holds (or held): every incarnation the pool has
-        started, alive or dead, but the oldest long gone; None for one it does not know."""
+    def cancel_start(self, start: StartId) -> bool:
+        """Take back `start` while no worker is up for it (pending, starting, or dead and
+        waiting out its backoff; not a switch's): end what it started and remove its slot,
+        reporting nothing of it. False if it is not such a start (it came up meanwhile)."""
 
     def ready_count(self) -> int: ...
 

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from typing import Generic, TypeVar
 
 from gpu_pool.load import Load
-from gpu_pool.protocol import WorkerId
+from gpu_pool.protocol import StartId, WorkerId
 from gpu_pool.seam import WorkerInfo
 from gpu_pool.slots import Slot, Slots, SlotState
 
@@ -32,7 +32,7 @@ class SlotPool(Generic[S]):
     def __init__(self, slots: Slots[S]) -> None:
         self._slots = slots
 
-    def switch(self, worker: WorkerId, load: Load) -> None:
+    def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
         """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): the pool lets its
         incarnation go (`_let_go`), and once that is gone the slot starts `load` under a new
         id. Nothing when `worker` is not the slot's live, idle incarnation."""
@@ -40,7 +40,7 @@ class SlotPool(Generic[S]):
         if slot is None:
             return
         idle = slot.state is SlotState.READY
-        if not self._slots.switch(slot, worker, load):
+        if not self._slots.switch(slot, worker, load, start):
             return
         self._log().info("worker %s (slot %d) switches to %s", worker, slot.index, load.version)
         self._switching_to(load)
@@ -48,9 +48,9 @@ class SlotPool(Generic[S]):
             self._let_go(slot)
 
     # -- scaling -----------------------------------------------------------------------------
-    def add(self, load: Load) -> None:
+    def add(self, load: Load, start: StartId) -> None:
         """Start one more worker holding `load`, in a new slot (`gpu_pool.seam.Pool.add`)."""
-        slot = self._slots.add(functools.partial(self._new_slot, load=load))
+        slot = self._slots.add(functools.partial(self._new_slot, load=load), start)
         if slot is not None:
             self._switching_to(load)
             self._log().info("slot %d added for %s", slot.index, load.version)
@@ -70,12 +70,12 @@ class SlotPool(Generic[S]):
         else:  # being replaced: what the replacement started is ended
             self._abandon(slot)
 
-    def cancel_start(self, version: str) -> bool:
-        """Take back the newest start of `version` not up yet (`gpu_pool.seam.Pool`)."""
-        slot = self._slots.cancel_start(version, skip=self._unreported())
+    def cancel_start(self, start: StartId) -> bool:
+        """Take back `start` while no worker is up for it (`gpu_pool.seam.Pool`)."""
+        slot = self._slots.cancel_start(start, skip=self._unreported())
         if slot is None:
             return False
-        self._log().info("start of %s in slot %d taken back", version, slot.index)
+        self._log().info("start of %s in slot %d taken back", slot.version, slot.index)
         self._abandon(slot)
         return True
 
@@ -86,6 +86,17 @@ class SlotPool(Generic[S]):
     def _abandon(self, slot: S) -> None:
         """End what leaving `slot` started; remove it once nothing of it runs."""
         raise NotImplementedError
+
+    def _restart_of(self, slot: S) -> StartId | None:
+        """What a death of `slot`'s incarnation reports: the start its slot carries out
+        next, or None when it does not start again."""
+        if self._slots.stopping or slot.leaving or not self._restarts():
+            return None
+        return slot.start
+
+    def _restarts(self) -> bool:
+        """Whether a dead slot starts again."""
+        return True
 
     def _unreported(self) -> Collection[WorkerId]:
         """Incarnations dead but not reported yet: their slots are not taken back."""
@@ -117,9 +128,6 @@ class SlotPool(Generic[S]):
 
     def forgive(self, worker: WorkerId) -> None:
         self._slots.forgive(worker)
-
-    def version_of(self, worker: WorkerId) -> str | None:
-        return self._slots.version_of(worker)
 
     @property
     def replacements(self) -> int:

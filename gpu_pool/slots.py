@@ -20,8 +20,13 @@ is up (or dies) the slot shows as "switching" (no state of its own: it is starti
 pending, for a switch). A switch that finds the slot in a memory replacement (the core saw
 that worker idle) hands the replacement over: its start begins the new version, or, if its
 process already loads the old one, that one is let go as it comes up or dies
-(`switched_out`, `take_back`). Each incarnation's version is kept for `version_of`, the
-oldest dead ones pruned.
+(`switched_out`, `take_back`).
+
+Every start a slot carries out has an identity (`StartId`): the slot's first
+(`Origin.FIRST`, its index), the core's (a switch, a slot added), or a restart of a worker
+that died once up (`Origin.RESTART`, the dead one's id); one that dies loading is retried
+under the same id. The slot keeps it until a worker is up for it, and the pool's events
+carry it back with the version, so nothing else is remembered of past incarnations.
 
 The core scales the pool while it serves. A slot added (`Slots.add`) takes an index never
 used before and starts at once. A slot leaves for good when the core retires its idle
@@ -45,10 +50,9 @@ from anyio.abc import TaskStatus
 
 from batcher.shared import Backoff
 from gpu_pool.load import DEFAULT_VERSION, Load
-from gpu_pool.protocol import Run, WorkerId
+from gpu_pool.protocol import Origin, Run, StartId, WorkerId
 from gpu_pool.seam import WorkerInfo
 
-VERSIONS_KEPT = 4096  # incarnations whose version `version_of` answers, beyond the live ones
 SWITCHING = "switching"  # what a slot in a switch shows (`WorkerInfo.state`, `state_counts`)
 
 
@@ -88,6 +92,11 @@ class Slot:
     switching: bool = False  # switched by the core, the new incarnation not up yet
     switched_out: WorkerId | None = None  # retired by a switch while still being replaced
     leaving: bool = False  # retired or its start taken back: removed once nothing runs
+    start: StartId | None = None  # the start under way until a worker is up for it
+
+    @property
+    def version(self) -> str:
+        return self.load.version if self.load else DEFAULT_VERSION
 
     @property
     def shown(self) -> str:
@@ -98,8 +107,7 @@ class Slot:
     def info(self) -> WorkerInfo:
         return WorkerInfo(id=self.worker, slot=self.index, pid=self.pid, state=self.shown,
                           device=self.device, batches=self.batches, restarts=self.restarts,
-                          node=self.node,
-                          version=self.load.version if self.load else DEFAULT_VERSION)
+                          node=self.node, version=self.version)
 
 
 S = TypeVar("S", bound=Slot)
@@ -125,7 +133,6 @@ class Slots(Generic[S]):
         self._by_worker: dict[WorkerId, S] = {}
         self._stopping = False
         self._crashes = self._replacements = self._switches = 0
-        self._versions: dict[WorkerId, str] = {}  # every incarnation's, oldest first
         self._changed: anyio.Event | None = None  # what `wait_ready` waits on, if anyone
         self._wake = anyio.Event()  # set when a slot's backoff is shortened, or it leaves
         self._running = False  # `keep_started` has started the first slots
@@ -134,7 +141,7 @@ class Slots(Generic[S]):
         self._restart_send, self._restart_recv = anyio.create_memory_object_stream[
             tuple[S, bool]](math.inf)
         for slot in self._slots:
-            slot.state = first
+            slot.state, slot.start = first, StartId(Origin.FIRST, slot.index)
 
     def __iter__(self) -> Iterator[S]:
         return iter(self._slots)
@@ -156,37 +163,27 @@ class Slots(Generic[S]):
         slot.worker, slot.state, slot.device, slot.pid = worker, self._first, "-", None
         slot.switched_out = None
         self._by_worker[worker] = slot
-        self._note_version(worker, slot.load)
         return worker
 
     def holds(self, slot: S, load: Load) -> None:
         """The slot's incarnation turned out to hold `load` (an actor an earlier core left,
         perhaps switched): that is its version, and the slot's from now on."""
         slot.load = load
-        self._note_version(slot.worker, load)
-
-    def version_of(self, worker: WorkerId) -> str | None:
-        """The version incarnation `worker` holds or held; None once pruned (or never)."""
-        return self._versions.get(worker)
-
-    def _note_version(self, worker: WorkerId, load: Load | None) -> None:
-        self._versions[worker] = load.version if load else DEFAULT_VERSION
-        live = {slot.worker for slot in self._slots}
-        while len(self._versions) > VERSIONS_KEPT + len(live):
-            oldest = next(iter(self._versions))
-            version = self._versions.pop(oldest)
-            if oldest in live:  # still a slot's: kept, as if noted now
-                self._versions[oldest] = version
 
     def forget(self, worker: WorkerId) -> None:
         """Nothing sent to `worker` reaches it any more."""
         self._by_worker.pop(worker, None)
 
-    def mark_ready(self, slot: S, device: str) -> None:
-        """The incarnation loaded its model on `device`: idle, and its run starts now."""
+    def mark_ready(self, slot: S, device: str) -> StartId | None:
+        """The incarnation loaded its model on `device`: idle, and its run starts now. The
+        start it ends (None for a replacement: the core never saw its worker go)."""
         slot.state, slot.device, slot.ready_at = SlotState.READY, device, self._clock()
-        slot.replacing = slot.switching = False
+        replaced, slot.replacing, slot.switching = slot.replacing, False, False
         self.signal_change()
+        if replaced:
+            return None
+        start, slot.start = slot.start, None
+        return start if start is not None else StartId(Origin.RESTART, slot.worker)
 
     def mark_answered(self, slot: S) -> None:
         """The slot's batch came back: it is idle again."""
@@ -200,6 +197,8 @@ class Slots(Generic[S]):
         if slot.worker != worker or slot.state in (SlotState.DEAD, SlotState.STOPPED):
             return False
         up_for = self._clock() - slot.ready_at if slot.state.up else 0.0
+        if slot.start is None:  # it was up (or being replaced): its slot starts anew
+            slot.start = StartId(Origin.RESTART, worker)
         slot.state, slot.replacing, slot.switching = SlotState.DEAD, False, False
         if not self._stopping:
             self._crashes += 1
@@ -245,7 +244,7 @@ class Slots(Generic[S]):
         self.signal_change()
         self._restart_send.send_nowait((slot, True))
 
-    def switch(self, slot: S, worker: WorkerId, load: Load) -> bool:
+    def switch(self, slot: S, worker: WorkerId, load: Load, start: StartId) -> bool:
         """The core retires idle incarnation `worker` of `slot` for `load`; whether the
         switch is on (False: `worker` is not the slot's live, idle incarnation, or the pool
         is stopping; nothing changed). On: `worker` is forgotten and the slot holds `load`.
@@ -257,7 +256,7 @@ class Slots(Generic[S]):
         if slot.state is not SlotState.READY and not slot.replacing:
             return False
         self.forget(worker)
-        slot.load, slot.switching = load, True
+        slot.load, slot.switching, slot.start = load, True, start
         self._switches += 1
         if slot.state is SlotState.READY:
             slot.state = self._first
@@ -314,14 +313,15 @@ class Slots(Generic[S]):
         return self._stopping
 
     # -- slots added and removed -------------------------------------------------------------
-    def add(self, make: Callable[[int], S]) -> S | None:
-        """A new slot, `make(index)` under an index never used before, in the first state;
-        `keep_started` starts it at once. None, and nothing added, once stopping."""
+    def add(self, make: Callable[[int], S], start: StartId) -> S | None:
+        """A new slot for `start`, `make(index)` under an index never used before, in the
+        first state; `keep_started` starts it at once. None, and nothing added, once
+        stopping."""
         if self._stopping:
             return None
         slot = make(self._next_index)
         self._next_index += 1
-        slot.state = self._first
+        slot.state, slot.start = self._first, start
         self._slots.append(slot)
         if self._running:  # else `keep_started` starts it with the first ones
             self._restart_send.send_nowait((slot, True))
@@ -344,21 +344,17 @@ class Slots(Generic[S]):
             self._restart_send.send_nowait((slot, True))
         return True
 
-    def cancel_start(self, version: str, skip: Collection[WorkerId] = ()) -> S | None:
-        """The newest slot holding `version` whose incarnation is not up yet (pending,
-        starting, or dead and waiting out its backoff), now leaving; None if there is none
-        or the pool is stopping. Not a slot in a switch or a replacement (the core holds
-        that worker), nor one whose incarnation is in `skip` (its death not reported yet)."""
-        waiting = [
-            s for s in self._slots
-            if s.state in (SlotState.PENDING, SlotState.STARTING, SlotState.DEAD)
-            and not (s.leaving or s.switching or s.replacing) and s.switched_out is None
-            and s.worker not in skip
-            and (s.load.version if s.load else DEFAULT_VERSION) == version
-        ]
-        if self._stopping or not waiting:
+    def cancel_start(self, start: StartId, skip: Collection[WorkerId] = ()) -> S | None:
+        """The slot carrying out `start` while no worker is up for it (pending, starting,
+        or dead and waiting out its backoff), now leaving; None if there is none or the
+        pool is stopping. Not a slot in a switch or a replacement (the core holds that
+        worker), nor one whose incarnation is in `skip` (its death not reported yet)."""
+        slot = next((s for s in self._slots if s.start == start), None)
+        if (self._stopping or slot is None
+                or slot.state not in (SlotState.PENDING, SlotState.STARTING, SlotState.DEAD)
+                or slot.leaving or slot.switching or slot.replacing
+                or slot.switched_out is not None or slot.worker in skip):
             return None
-        slot = max(waiting, key=lambda s: s.index)
         self._leave(slot)
         return slot
 
@@ -431,4 +427,4 @@ class Slots(Generic[S]):
         return self._switches
 
 
-__all__ = ["SWITCHING", "VERSIONS_KEPT", "Backoff", "Slot", "SlotState", "Slots"]
+__all__ = ["SWITCHING", "Slot", "SlotState", "Slots"]

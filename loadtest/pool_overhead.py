@@ -27,6 +27,7 @@ from gpu_pool import (
     PoolSettings,
     RayPoolSettings,
     Run,
+    StartId,
     WorkerId,
     WorkerPool,
 )
@@ -55,7 +56,7 @@ class _Replies:
         self.died = False
         self._changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
         self.ready.append(worker)
         self._changed.set()
 
@@ -63,7 +64,7 @@ class _Replies:
         self.reply = reply
         self._changed.set()
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         self.died = True  # also said of every worker as the pool stops
         self._changed.set()
 

@@ -43,6 +43,7 @@ from gpu_pool import (
     PoolSettings,
     RayPoolSettings,
     Run,
+    StartId,
     WorkerId,
 )
 from loadtest.netns import loopback_only, rerun_isolated
@@ -58,14 +59,14 @@ class _Printer:
         self.slots: dict[WorkerId, int] = {}
         self.died = 0
 
-    def worker_ready(self, worker: WorkerId) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
         pass
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         outputs = list(reply.outputs) if isinstance(reply, Ok) else None
         _say({"slot": self.slots.get(worker), "batch": reply.batch_id, "outputs": outputs})
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         self.died += 1
 
 

@@ -19,7 +19,18 @@ from dataclasses import dataclass
 
 import anyio
 
-from gpu_pool import Err, Load, Ok, Pool, PoolSettings, RayPoolSettings, WorkerId, WorkerPool
+from gpu_pool import (
+    Err,
+    Load,
+    Ok,
+    Origin,
+    Pool,
+    PoolSettings,
+    RayPoolSettings,
+    StartId,
+    WorkerId,
+    WorkerPool,
+)
 from loadtest.netns import loopback_only, rerun_isolated
 
 SLOT = "batchgate_slot"
@@ -48,22 +59,22 @@ class _Ready:
     (every worker is said dead as the pool stops: that one is not)."""
 
     def __init__(self) -> None:
-        self.ready: list[WorkerId] = []
+        self.ready: list[tuple[WorkerId, StartId, str]] = []
         self.died: list[WorkerId] = []
         self._changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId) -> None:
-        self.ready.append(worker)
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        self.ready.append((worker, start, version))
         self._changed.set()
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         pass
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         self.died.append(worker)
         self._changed.set()
 
-    async def next_ready(self, seen: int) -> WorkerId:
+    async def next_ready(self, seen: int) -> tuple[WorkerId, StartId, str]:
         with anyio.fail_after(LOAD_TIMEOUT_S):
             while len(self.ready) <= seen and not self.died:
                 await self._changed.wait()
@@ -89,16 +100,16 @@ async def _measure(kind: str, spec: str, switches: int) -> SwitchTime:
     async with anyio.create_task_group() as tg:
         began = time.perf_counter()
         await tg.start(pool.run, events)
-        worker = await events.next_ready(0)
+        worker, _, _ = await events.next_ready(0)
         first = time.perf_counter() - began
         for n in range(1, switches + 1):
             load = versions[n % 2]
-            start = time.perf_counter()
-            pool.switch(worker, load)
-            worker = await events.next_ready(n)
-            took.append(time.perf_counter() - start)
-            if pool.version_of(worker) != load.version:
-                raise RuntimeError(f"worker {worker} holds {pool.version_of(worker)}")
+            began = time.perf_counter()
+            pool.switch(worker, load, StartId(Origin.CORE, n))
+            worker, start, version = await events.next_ready(n)
+            took.append(time.perf_counter() - began)
+            if (start, version) != (StartId(Origin.CORE, n), load.version):
+                raise RuntimeError(f"worker {worker} came up for {start} holding {version}")
         tg.cancel_scope.cancel()
     return SwitchTime(kind, spec, first, took)
 

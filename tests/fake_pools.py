@@ -1,14 +1,14 @@
 """What every fake pool of the tests reports of its workers, the `gpu_pool.Pool` reading
 half: from which workers are alive and which of them hold a batch; the deaths the core
 forgave (`Pool.forgive`), the switches it asked for; and the scaling it asked for (`add`,
-`retire`, `cancel_start`), recorded for the tests that look, not carried out: a fake that
-scales overrides them."""
+`retire`, `cancel_start`), each with the start the core gave it, recorded for the tests that
+look, not carried out: a fake that scales overrides them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpu_pool import Load, WorkerId, WorkerInfo
+from gpu_pool import Load, StartId, WorkerId, WorkerInfo
 
 
 class ReportsWorkers:
@@ -31,19 +31,16 @@ class ReportsWorkers:
     def forgive(self, worker: WorkerId) -> None:
         self.__dict__.setdefault("forgiven", []).append(worker)
 
-    def version_of(self, worker: WorkerId) -> str | None:
-        return "default@v1"
+    def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
+        self.__dict__.setdefault("switched", []).append((worker, load, start))
 
-    def switch(self, worker: WorkerId, load: Load) -> None:
-        self.__dict__.setdefault("switched", []).append((worker, load))
-
-    def add(self, load: Load) -> None:
-        self.__dict__.setdefault("added", []).append(load)
+    def add(self, load: Load, start: StartId) -> None:
+        self.__dict__.setdefault("added", []).append((load, start))
 
     def retire(self, worker: WorkerId) -> None:
         self.__dict__.setdefault("retired", []).append(worker)
 
-    def cancel_start(self, version: str) -> bool:
+    def cancel_start(self, start: StartId) -> bool:
         """No start is ever pending here: a fake's workers are up at once."""
-        self.__dict__.setdefault("cancelled", []).append(version)
+        self.__dict__.setdefault("cancelled", []).append(start)
         return False

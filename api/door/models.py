@@ -2,8 +2,9 @@
 (`GET /admin/models`, `PUT /admin/models/{name}`, `DELETE
 /admin/models/{name}/versions/{version}`) and SIGHUP's re-read of `--models`.
 
-Every change makes a new catalogue, checked as a file is, and hands it to the cores at
-once; a change that would leave it invalid changes nothing and says why. Only versions the
+Every change makes a new catalogue, checked as a file is, and hands it to the cores in a
+turn of their owner taken at once; a change that would leave it invalid changes nothing and
+says why. Only versions the
 catalogue names can be loaded: nothing here takes a spec (a module path) from the network.
 Answers are `(status, body)` pairs of plain values: in a cell they cross the link.
 """
@@ -11,6 +12,7 @@ Answers are `(status, body)` pairs of plain values: in a cell they cross the lin
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -27,11 +29,12 @@ SETTINGS = ("default", "weights", "min_workers", "max_workers")  # what PUT may 
 
 class ModelsAdmin:
     def __init__(self, cores: ModelCores, clock: Clock, workers: int,
-                 path: str | None, changed: Any) -> None:
+                 path: str | None, change: Callable[[Callable[[float], None]], None]) -> None:
         """`path`: the catalogue file SIGHUP re-reads (None: `--model`, nothing to read);
-        `changed()`: wake the core's owner, so that placement sees the change at once."""
+        `change(apply)`: the core's owner applies `apply(now)` in a turn of its own
+        (`CoreOwner.change`)."""
         self._cores, self._clock, self._workers = cores, clock, workers
-        self._path, self._changed = path, changed
+        self._path, self._change = path, change
 
     def view(self) -> dict[str, Any]:
         """Each model's settings, and each version's state, workers and queue."""
@@ -94,9 +97,12 @@ class ModelsAdmin:
 
     def _apply(self, catalogue: Catalogue) -> Answer:
         catalogue.check_fits(self._workers)
-        self._cores.set_catalogue(catalogue, self._clock.now())
-        self._changed()
+        self._serve(catalogue)
         return 200, self.view()
+
+    def _serve(self, catalogue: Catalogue) -> None:
+        cores = self._cores
+        self._change(lambda now: cores.set_catalogue(catalogue, now))
 
     def reload(self) -> None:
         """SIGHUP: serve the file as it is now; one that fails to load changes nothing."""
@@ -109,8 +115,7 @@ class ModelsAdmin:
             log.error("the models file %s was not reloaded, nothing changed: %s",
                       self._path, exc)
             return
-        self._cores.set_catalogue(catalogue, self._clock.now())
-        self._changed()
+        self._serve(catalogue)
         log.info("models reloaded from %s: %s", self._path,
                  ", ".join(catalogue.versions()))
 

@@ -60,7 +60,6 @@ class Snapshot:
     # By version key ("topics@v2"); empty: one core of no version (its depth is the core's).
     versions: dict[str, VersionGauges] = field(default_factory=dict)
     loads: dict[tuple[str, str], int] = field(default_factory=dict)  # (version, reason)
-    load_seconds: tuple[float, ...] = ()  # loads measured since the previous snapshot
     scaling: ScalingGauges | None = None  # None: a fixed pool (`--workers N`)
 
 

@@ -143,6 +143,9 @@ class Metrics:
     def batch_done(self, seconds: float, version: str = "") -> None:
         (self._batches.get(version) or self._batch_children(version))[1].observe(seconds)
 
+    def load_done(self, version: str, seconds: float) -> None:
+        self.load_seconds.observe(seconds)
+
     def _request_children(self, tier: str, status: int, model: str, ran: bool
                           ) -> tuple[Any, Any]:
         labels = self._labels_of(model, ran)
@@ -178,8 +181,6 @@ class Metrics:
                     self._request_children(tier, status, version, True)
                 self.queue_waited(tier, (), version)
             self._batch_children(version)
-        for seconds in s.load_seconds:
-            self.load_seconds.observe(seconds)
 
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         """Show `snapshot`'s gauges; the versions it serves have their series from now."""

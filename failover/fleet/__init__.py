@@ -2,17 +2,26 @@
 
 The catalogue (what may be served and how a request chooses a version), placement (which
 version each worker holds, switched by what a switch costs), rollouts, the scaling rule (how
-many workers the pool should have) and the composite core that routes the pool's events to
-one dispatch core per version (`ModelCores`). It builds on the dispatch kernel (`failover`)
+many workers the pool should have), the ledger of starts (every worker on its way, once),
+and the composite core that routes the pool's events to one dispatch core per version
+(`ModelCores`: `Versions` says which version a request gets, `Residency` which worker holds
+what, `Placing` carries placement out). It builds on the dispatch kernel (`failover`)
 and decides; the kernel's owner carries out what it decides.
 """
 
-from failover.fleet.capacity import LATE_SHARE, STEP_S, Capacity, CapacityGauges, Idle
+from failover.fleet.capacity import (
+    STEP_S,
+    Capacity,
+    CapacityGauges,
+    Idle,
+    Scaling,
+    pool_throughput,
+)
 from failover.fleet.catalogue import (
     Catalogue,
     CatalogueError,
     ModelConfig,
-    UnknownModel,
+    NotInCatalogue,
     VersionConfig,
     choose,
     key,
@@ -20,8 +29,8 @@ from failover.fleet.catalogue import (
     parse_catalogue,
     split_key,
 )
-from failover.fleet.cores import ROLLOUT_TIMEOUT_S, ModelCores, VersionState
-from failover.fleet.loads import KINDS, MEASURE_WEIGHT, Loads, Switching
+from failover.fleet.cores import ModelCores
+from failover.fleet.ledger import LATE_SHARE, MEASURE_WEIGHT, Kind, Ledger, Start
 from failover.fleet.placement import (
     REASONS,
     LruOnDemand,
@@ -29,15 +38,22 @@ from failover.fleet.placement import (
     PlacementSettings,
     Switch,
     SwitchCost,
+    SwitchReason,
     VersionView,
     WorkerView,
     initial_placement,
     load_eta,
+    queued_batches,
 )
-from failover.fleet.rule import SCALE_REASONS, Decision, Scaler, ScalerSettings, Start
+from failover.fleet.placing import Placing, VersionState, VersionStatus
+from failover.fleet.residency import DEFAULT_LOAD_S, Residency
+from failover.fleet.routing import Routing
+from failover.fleet.rule import SCALE_REASONS, Decision, Scaler, ScaleReason, ScalerSettings
+from failover.fleet.sizing import Sizing
+from failover.fleet.versions import ROLLOUT_TIMEOUT_S, Versions
 
 __all__ = [
-    "KINDS",
+    "DEFAULT_LOAD_S",
     "LATE_SHARE",
     "MEASURE_WEIGHT",
     "REASONS",
@@ -50,22 +66,31 @@ __all__ = [
     "CatalogueError",
     "Decision",
     "Idle",
-    "Loads",
+    "Kind",
+    "Ledger",
     "LruOnDemand",
     "ModelConfig",
     "ModelCores",
+    "NotInCatalogue",
     "Placement",
     "PlacementSettings",
+    "Placing",
+    "Residency",
+    "Routing",
+    "ScaleReason",
     "Scaler",
     "ScalerSettings",
+    "Scaling",
+    "Sizing",
     "Start",
     "Switch",
     "SwitchCost",
-    "Switching",
-    "UnknownModel",
+    "SwitchReason",
     "VersionConfig",
     "VersionState",
+    "VersionStatus",
     "VersionView",
+    "Versions",
     "WorkerView",
     "choose",
     "initial_placement",
@@ -73,5 +98,7 @@ __all__ = [
     "load_catalogue",
     "load_eta",
     "parse_catalogue",
+    "pool_throughput",
+    "queued_batches",
     "split_key",
 ]

@@ -4,16 +4,14 @@ over the versions the core serves.
 The rule says how many workers; this says which: a new worker holds the version that most
 needs one (its demand per worker, within its model's max_workers), the worker retired is an
 idle one of the version that needs it least, never below its model's min_workers, and a start
-the rule takes back is the newest whose model keeps its floor without it. The caller carries
-the decisions out (`CoreActions.grow`, `retire`, `cancel_start`) and reports the starts back
-(`failover.fleet.loads`): workers added, the pool's first, and dead workers' restarts (a
-worker lost is replaced by its slot, not asked for twice).
+the rule takes back is the newest whose model keeps its floor without it. The workers on
+their way are the ledger's (`failover.fleet.ledger`); the caller records the starts this
+asks for there and carries the decisions out (`CoreActions.grow`, `retire`,
+`cancel_start`).
 
-Each version's core is told when its workers on their way are expected up
-(`DispatchCore.joining`), so admission counts them from then on: the door stays honest while
-capacity is coming. A start past its ETA is late by an unknown amount: it counts a share of a
-start-up from now, never as if up; overdue by more than a start-up (a Ray actor no node has
-room for) it no longer counts: nobody knows when it comes.
+What a worker drains is measured by each version's core (`VersionView.throughput`); the rule
+is given the pool's per worker (`pool_throughput`), and demand per worker is counted in the
+workers it keeps busy at its version's throughput.
 """
 
 from __future__ import annotations
@@ -21,15 +19,34 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from failover import CoreActions
+from failover.fleet.ledger import Ledger
 from failover.fleet.placement import VersionView
 from failover.fleet.rule import Scaler
-from gpu_pool import WorkerId
+from gpu_pool import StartId, WorkerId
 
 STEP_S = 1.0  # the rule is asked at least this often while the pool may change
-LATE_SHARE = 0.25  # of a start-up: when a start past its ETA is expected from now
+
+
+def pool_throughput(views: Sequence[VersionView], start_s: float) -> float:
+    """Items/s one worker of the pool drains, for the rule: the versions' measured
+    throughputs (`VersionView.throughput`), their harmonic mean weighted by each one's
+    demand (its arrivals plus its queue spread over `start_s`, as the rule spreads it).
+
+    Why that mean: version v's demand d_v keeps d_v / c_v workers busy, so the mix needs
+    sum(d_v / c_v) workers, and D / that (D = sum d_v) is the one capacity per worker with
+    which the rule's demand / capacity counts exactly those workers. An arithmetic mean
+    would let a fast version hide a slow one's need. With no demand anywhere, the live
+    versions weigh alike (the rule then asks only for its floor whatever the figure)."""
+    spread = max(start_s, 1.0)
+    weights = [(v.rate + v.queued / spread, v) for v in views]
+    if not any(w > 0 for w, _ in weights):
+        live = [v for v in views if not v.retired] or list(views)
+        weights = [(1.0, v) for v in live]
+    total = sum(w for w, _ in weights)
+    workers = sum(w / v.throughput.per_worker for w, v in weights if w > 0)
+    return total / workers if workers > 0 else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,15 @@ class Idle:
     since: float  # resident since
 
 
+@dataclass(slots=True)
+class Scaling:
+    """What one step of the rule decided, for the caller to record and carry out."""
+
+    grow: list[str] = field(default_factory=list)  # a new worker holding each version
+    take_back: StartId | None = None  # a start not yet up that demand no longer needs
+    retire: WorkerId | None = None  # an idle worker leaving for good
+
+
 class Capacity:
     """Carries out the rule's decisions; the multi-version core (`ModelCores`) feeds it."""
 
@@ -67,41 +93,26 @@ class Capacity:
     def arrived(self, items: int, now: float, paid: bool) -> None:
         self.scaler.arrived(items, now, paid)
 
-    # -- the starts, as `failover.fleet.loads` reports them --------------------------------
-    def starting(self, now: float, start_s: float, version: str) -> None:
-        """A slot starts `version`: a worker added, one the pool starts with, or a dead
-        one's restart (so the rule asks for no second worker to replace it)."""
-        self.scaler.started(now, start_s, version)
-
-    def up(self, now: float, version: str) -> None:
-        self.scaler.up(now, version)
-
-    def failed(self, now: float, start_s: float, version: str) -> None:
-        """A worker of `version` died loading: its start is retried after a backoff."""
-        self.scaler.failed(now, start_s, version)
-
-    def cancel(self, version: str) -> None:
-        self.scaler.cancel(version)
-
     # -- deciding ------------------------------------------------------------------------
-    def due(self) -> float:
+    def due(self, ledger: Ledger) -> float:
         """When to ask the rule next: each `STEP_S`, or sooner when it says so (never
         again at the moment it was asked: a past check would spin the owner)."""
-        check = self.scaler.next_check(self._last)
+        check = self.scaler.next_check(self._last, len(ledger.adding()))
         return self._next if check <= self._last else min(self._next, check)
 
     def step(
         self, now: float, running: int, views: Sequence[VersionView], idle: Sequence[Idle],
-        start_s: Callable[[str], float], out: CoreActions,
-    ) -> list[WorkerId]:
-        """Ask the rule; what it says goes into `out` (`grow`, `cancel_start`, `retire`),
-        which the caller carries out: the workers retired (out of their cores)."""
-        if now < self.due():
-            return []
+        start_s: Callable[[str], float], ledger: Ledger,
+    ) -> Scaling:
+        """Ask the rule, the workers on their way read from `ledger`: what it decided."""
+        out = Scaling()
+        if now < self.due(ledger):
+            return out
         self._last, self._next = now, now + STEP_S
         queued = sum(v.queued for v in views)
         horizon = max((start_s(v.version) for v in views if not v.retired), default=0.0)
-        decision = self.scaler.decide(now, running, queued, horizon)
+        decision = self.scaler.decide(now, running, len(ledger.adding()), queued, horizon,
+                                      pool_throughput(views, horizon))
         adding: Counter[str] = Counter()
         for _ in range(decision.up):
             version = self._grow_into(views, adding)
@@ -109,24 +120,22 @@ class Capacity:
                 break
             adding[version] += 1
             out.grow.append(version)
-            self.events[("up", decision.reason)] += 1
+            self.events[("up", str(decision.reason))] += 1
         if not decision.down:
-            return []
+            return out
         if decision.take_back:
-            if (version := self._take_back(views)) is not None:
-                out.cancel_start.append(version)
-                self.events[("down", decision.reason)] += 1
-            return []
-        if (worker := self._retiree(views, idle)) is None:
-            return []
-        out.retire.append(worker)
-        self.events[("down", decision.reason)] += 1
-        return [worker]
+            out.take_back = self._take_back(views, ledger)
+        else:
+            out.retire = self._retiree(views, idle)
+        if out.take_back is not None or out.retire is not None:
+            self.events[("down", str(decision.reason))] += 1
+        return out
 
     @staticmethod
     def _grow_into(views: Sequence[VersionView], adding: Counter[str]) -> str | None:
         """The version that most needs another worker: the highest demand per worker (up
-        and on their way), within its model's max_workers; ties to the first."""
+        and on their way, in workers busy at its throughput), within its model's
+        max_workers; ties to the first."""
         per_model: Counter[str] = Counter()
         for v in views:
             per_model[v.model] += v.resident + v.loading + adding[v.version]
@@ -137,27 +146,30 @@ class Capacity:
             if v.max_workers is not None and per_model[v.model] >= v.max_workers:
                 continue
             workers = v.resident + v.loading + adding[v.version]
-            key = (-(v.rate + v.queued) / (workers + 1), order)
+            key = (-(v.rate + v.queued) / (v.throughput.per_worker * (workers + 1)), order)
             if best_key is None or key < best_key:
                 best, best_key = v.version, key
         return best
 
-    def _take_back(self, views: Sequence[VersionView]) -> str | None:
-        """The version of the newest start whose model keeps its min_workers without it."""
+    @staticmethod
+    def _take_back(views: Sequence[VersionView], ledger: Ledger) -> StartId | None:
+        """The newest start that adds a worker whose model keeps its min_workers without
+        it."""
         of = {v.version: v for v in views}
         per_model: Counter[str] = Counter()
         for view in views:
             per_model[view.model] += view.resident + view.loading
-        for start in sorted(self.scaler.starting(), key=lambda s: s.since, reverse=True):
+        for start in sorted(ledger.adding(), key=lambda s: s.since, reverse=True):
             v = of.get(start.version)
             if v is None or v.retired or per_model[v.model] - 1 >= v.min_workers:
-                return start.version
+                return start.id
         return None
 
     @staticmethod
     def _retiree(views: Sequence[VersionView], idle: Sequence[Idle]) -> WorkerId | None:
         """An idle worker of the version that needs it least: retired or unwanted versions
-        first, then the lowest demand per worker; never a model's last above its floor."""
+        first, then the lowest demand per worker (at its throughput); never a model's last
+        above its floor."""
         by_version = {v.version: v for v in views}
         per_model: Counter[str] = Counter()
         for view in views:
@@ -169,24 +181,15 @@ class Capacity:
             leaving = v.retired or not v.wanted
             if not leaving and per_model[v.model] - 1 < max(v.min_workers, 0):
                 continue
-            key = (not leaving, (v.rate + v.queued) / max(v.resident, 1), -w.since)
+            busy = (v.rate + v.queued) / (v.throughput.per_worker * max(v.resident, 1))
+            key = (not leaving, busy, -w.since)
             if best_key is None or key < best_key:
                 best, best_key = w.worker, key
         return best
 
-    def joining(self, version: str, now: float, start_s: float) -> tuple[float, ...]:
-        """When each start of `version` is expected up, for admission. A start past its ETA
-        is late by an unknown amount: expected a share of a start-up from now, never as if
-        up already; overdue by more than a start-up, it is no longer counted."""
-        late = now + LATE_SHARE * start_s
-        return tuple(sorted(s.eta if s.eta >= now else late for s in self.scaler.starting()
-                            if s.version == version and now <= s.eta + start_s))
-
-    def gauges(self, now: float, running: int) -> CapacityGauges:
-        starts = self.scaler.starting()
-        eta = max(0.0, min((s.eta for s in starts), default=now) - now)
-        return CapacityGauges(self.scaler.desired(), len(starts), running, eta,
-                              dict(self.events))
+    def gauges(self, now: float, running: int, ledger: Ledger) -> CapacityGauges:
+        return CapacityGauges(self.scaler.desired(), len(ledger.adding()), running,
+                              ledger.next_eta(now), dict(self.events))
 
 
-__all__ = ["LATE_SHARE", "STEP_S", "Capacity", "CapacityGauges", "Idle"]
+__all__ = ["STEP_S", "Capacity", "CapacityGauges", "Idle", "Scaling", "pool_throughput"]

@@ -16,8 +16,8 @@ Errors:
 
     CatalogueError (BatchgateError, ValueError)  parsing, loading or a change: the message
                                                  names the key path ("invalid_request")
-    UnknownModel (LookupError)    resolve/config_of/a change: no such model or live version;
-                                  the core answers it as failover.errors.UnknownModel
+    NotInCatalogue (LookupError)  resolve/config_of/a change: no such model or live version;
+                                  the core answers it as failover.UnknownModel
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class CatalogueError(BatchgateError, ValueError):
     code = "invalid_request"  # only a change sent to the admin API reaches a client
 
 
-class UnknownModel(LookupError):
+class NotInCatalogue(LookupError):
     """Raised by `resolve`, `config_of` and changes: the name is no model or live version."""
 
 
@@ -147,18 +147,18 @@ class Catalogue:
 
     def config_of(self, version_key: str) -> tuple[ModelConfig, VersionConfig]:
         """The model and version of a key, a retired version's too (its queue still drains);
-        raises UnknownModel."""
+        raises NotInCatalogue."""
         name, _, version = version_key.partition("@")
         model = self.models.get(name)
         if model is None or version not in model.versions:
-            raise UnknownModel(f"{_shown(version_key)} is no version key of this catalogue")
+            raise NotInCatalogue(f"{_shown(version_key)} is no version key of this catalogue")
         return model, model.versions[version]
 
     def resolve(self, requested: str | None, sticky: str | None = None, *,
                 rng: random.Random | None = None) -> str:
         """The version key a request gets: None -> the first model; "m" -> its weighted
         choice (sticky per `sticky`, the request's Idempotency-Key), or its default without
-        weights; "m@v" -> that version while it is live. Raises UnknownModel."""
+        weights; "m@v" -> that version while it is live. Raises NotInCatalogue."""
         if requested is None:
             model = self.first
         else:
@@ -167,7 +167,7 @@ class Catalogue:
             if at:
                 config = model.versions.get(version)
                 if config is None or config.retired:
-                    raise UnknownModel(f"model {name} has no live version {_shown(version)} "
+                    raise NotInCatalogue(f"model {name} has no live version {_shown(version)} "
                                        f"(live: {', '.join(model.live())})")
                 return key(name, version)
         if not model.weights:
@@ -188,7 +188,7 @@ class Catalogue:
                       max_workers: int | None = None) -> Catalogue:
         """A new catalogue with `model`'s settings changed, checked as a file is. None
         leaves a setting as it is: `weights={}` removes the weights; a cap is lifted by one
-        at least the pool's size. Raises UnknownModel, CatalogueError."""
+        at least the pool's size. Raises NotInCatalogue, CatalogueError."""
         m = self._model(model)
         return self._with(replace(
             m, default=m.default if default is None else default,
@@ -198,12 +198,12 @@ class Catalogue:
 
     def retire(self, model: str, version: str) -> Catalogue:
         """A new catalogue where `version` takes no new requests; its weight goes to the
-        default. Retiring a retired version changes nothing. Raises UnknownModel, and
+        default. Retiring a retired version changes nothing. Raises NotInCatalogue, and
         CatalogueError for the default (the last live version is always the default)."""
         config = self._model(model)
         held = config.versions.get(version)
         if held is None:
-            raise UnknownModel(f"model {model} has no version {_shown(version)}")
+            raise NotInCatalogue(f"model {model} has no version {_shown(version)}")
         if held.retired:
             return self
         if version == config.default:
@@ -226,7 +226,7 @@ class Catalogue:
     def _model(self, name: str) -> ModelConfig:
         model = self.models.get(name)
         if model is None:
-            raise UnknownModel(f"model {_shown(name)} is not served "
+            raise NotInCatalogue(f"model {_shown(name)} is not served "
                                f"(models: {', '.join(self.models)})")
         return model
 
@@ -413,5 +413,5 @@ def _reduce(obj: ModelConfig | Catalogue) -> tuple[Any, ...]:
     return type(obj), tuple(dict(v) if isinstance(v, Mapping) else v for v in values)
 
 
-__all__ = ["Catalogue", "CatalogueError", "ModelConfig", "UnknownModel", "VersionConfig",
+__all__ = ["Catalogue", "CatalogueError", "ModelConfig", "NotInCatalogue", "VersionConfig",
            "choose", "key", "load_catalogue", "parse_catalogue", "split_key"]

@@ -15,21 +15,40 @@ the worker, start one with the other version) and reports it back through the ne
 Views contract: `workers` lists the workers that hold a version (idle or busy); a worker being
 loaded is counted only in its target's `VersionView.loading`. `versions` lists every version
 that has a worker, a load or a queue, in catalogue order with each model's default first (ties
-go to the earlier one). A worker whose version has no view is left alone.
+go to the earlier one). A worker whose version has no view is left alone. Each view carries
+its version's measured throughput (`DispatchCore.throughput`: what one worker drains at full
+batches of the current mix, and how long such a batch takes); nothing here assumes a batch's
+size or time.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from batcher import Throughput
 from gpu_pool import WorkerId
 
-REASONS = ("demand", "deadline", "cold", "retire", "idle", "min_workers", "rollout")
-_RANK = {"min_workers": 0, "cold": 1, "deadline": 2, "demand": 3}
+
+class SwitchReason(enum.StrEnum):
+    """Why a worker switches to another version (the metrics' `reason` label)."""
+
+    DEMAND = "demand"  # work waiting there pays for the load
+    DEADLINE = "deadline"  # waiting items would miss their deadlines
+    COLD = "cold"  # requests for a version no worker holds
+    RETIRE = "retire"  # its version is retired: it goes where it is wanted
+    IDLE = "idle"  # its version is idle past idle_unload_s
+    MIN_WORKERS = "min_workers"  # a model's floor
+    ROLLOUT = "rollout"  # a new default loads from the old one's idle workers
+
+
+REASONS = tuple(SwitchReason)
+_RANK = {SwitchReason.MIN_WORKERS: 0, SwitchReason.COLD: 1, SwitchReason.DEADLINE: 2,
+         SwitchReason.DEMAND: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +71,7 @@ class VersionView:
     last_arrival: float  # time of its last arrival (-math.inf: never)
     loading: int  # switches to it in progress
     load_s: float  # expected load time (measured, else the catalogue's hint)
+    throughput: Throughput  # one worker's full batches, as its core measures them
     min_workers: int  # of its MODEL (models may have several versions)
     max_workers: int | None  # of its MODEL
     idle_unload_s: float  # of its MODEL
@@ -65,7 +85,7 @@ class VersionView:
 class Switch:
     worker: WorkerId
     to: str  # version key to load
-    reason: str  # one of REASONS (metrics label)
+    reason: SwitchReason
 
 
 class Placement(Protocol):
@@ -88,10 +108,9 @@ class PlacementSettings:
     run), reaches `factor` load times; a worker is spare when the rest of its version's workers
     run its rate at `utilization`; a version just loaded stays resident
     max(`min_resident_s`, `min_resident_loads` x load_s), which bounds any thrash to one load
-    per worker per residency."""
+    per worker per residency. What a worker drains is no knob: each view carries its
+    version's measured throughput."""
 
-    batch_s: float = 0.1  # one batch, whatever its size (the contract)
-    max_batch: int = 100
     factor: float = 0.25
     horizon_loads: float = 2.0
     utilization: float = 0.85
@@ -102,8 +121,6 @@ class PlacementSettings:
     deadline_slack_s: float = 0.5  # a cold item is urgent this long before its last moment
 
     def __post_init__(self) -> None:
-        if self.batch_s <= 0 or self.max_batch < 1:
-            raise ValueError("batch_s must be > 0 and max_batch >= 1")
         if self.factor < 0 or self.horizon_loads <= 0:
             raise ValueError("factor must be >= 0 and horizon_loads > 0")
         if not 0 < self.utilization <= 1:
@@ -113,11 +130,6 @@ class PlacementSettings:
             raise ValueError("residency, cold_recent_s and deadline_slack_s must be >= 0")
         if not 0 < self.late_share <= 1:
             raise ValueError("late_share must be within (0, 1]")
-
-    @property
-    def capacity(self) -> float:
-        """Items/s one worker runs at full batches."""
-        return self.max_batch / self.batch_s
 
     def min_resident(self, load_s: float) -> float:
         return max(self.min_resident_s, self.min_resident_loads * load_s)
@@ -137,6 +149,11 @@ def load_eta(version: VersionView, now: float) -> float:
     if version.retired or not version.wanted or version.max_workers == 0:
         return math.inf
     return version.load_s
+
+
+def queued_batches(version: VersionView) -> int:
+    """The batches its queue makes, as full as its measured throughput says."""
+    return math.ceil(version.queued / version.throughput.batch_items)
 
 
 def initial_placement(workers: int, versions: Sequence[VersionView]) -> list[str]:
@@ -169,7 +186,7 @@ def initial_placement(workers: int, versions: Sequence[VersionView]) -> list[str
 class _Need:
     rank: tuple[float, ...]
     view: VersionView
-    reason: str
+    reason: SwitchReason
 
 
 class _Round:
@@ -202,18 +219,18 @@ class _Round:
         return self.resident[v.version] + self.loading[v.version]
 
     def horizon(self, v: VersionView) -> float:
-        return self.s.horizon_loads * max(v.load_s, self.s.batch_s)
+        return self.s.horizon_loads * max(v.load_s, v.throughput.batch_s)
 
     def excess(self, v: VersionView) -> float:
         """Worker-seconds of work over the horizon that v's own workers will not run."""
-        cap = self.s.capacity
+        cap = v.throughput.per_worker
         return v.queued / cap + (v.rate / cap - self.workers_of(v)) * self.horizon(v)
 
     def pressure(self, v: VersionView, workers: int) -> float:
         demand = v.rate + v.queued / self.horizon(v)
         if workers <= 0:
             return 0.0 if demand == 0 else math.inf
-        return demand / (workers * self.s.capacity)
+        return demand / (workers * v.throughput.per_worker)
 
     def free(self, w: WorkerView) -> bool:
         """Idle, past its minimum residency (unless retired), and not needed by its own queue:
@@ -221,7 +238,7 @@ class _Round:
         v = self.views[w.version]
         if not w.idle or w.worker in self.used:
             return False
-        if self.resident[v.version] - 1 < math.ceil(v.queued / self.s.max_batch):
+        if self.resident[v.version] - 1 < queued_batches(v):
             return False
         return v.retired or self.now >= w.resident_since + self.s.min_resident(v.load_s)
 
@@ -230,7 +247,7 @@ class _Round:
         if v.retired or not v.wanted:
             return 0
         rest = self.workers_of(v) - 1
-        return 1 if rest * self.s.capacity * self.s.utilization >= v.rate else 2
+        return 1 if rest * v.throughput.per_worker * self.s.utilization >= v.rate else 2
 
     def floor_ok(self, w: WorkerView, to_model: str) -> bool:
         v = self.views[w.version]
@@ -251,23 +268,23 @@ class _Round:
 
     def late(self, v: VersionView) -> bool:
         budget = v.oldest_deadline - v.oldest
-        if not math.isfinite(budget) or v.load_s + self.s.batch_s >= budget:
+        if not math.isfinite(budget) or v.load_s + v.throughput.batch_s >= budget:
             return False  # no budget to read, or a load could not help in time
-        drain = v.queued / (self.resident[v.version] * self.s.capacity)
+        drain = v.queued / (self.resident[v.version] * v.throughput.per_worker)
         return drain >= self.s.late_share * budget
 
     def may_rob(self, d: VersionView, need: _Need) -> bool:
         """May a worker leave `d`, which needs it, for `need`? Never for plain demand; never to
         leave `d` cold unless `need` is a cold version wanted more, or urgent."""
         v, rest = need.view, self.workers_of(d) - 1
-        if need.reason == "demand":
+        if need.reason == SwitchReason.DEMAND:
             return False
         if rest >= 1:
             mine = self.pressure(v, self.workers_of(v))
-            return need.reason != "deadline" or self.pressure(d, rest) < mine
-        return need.reason == "cold" and (d.rate <= v.rate or self.urgent(v))
+            return need.reason != SwitchReason.DEADLINE or self.pressure(d, rest) < mine
+        return need.reason == SwitchReason.COLD and (d.rate <= v.rate or self.urgent(v))
 
-    def move(self, w: WorkerView, to: VersionView, reason: str) -> None:
+    def move(self, w: WorkerView, to: VersionView, reason: SwitchReason) -> None:
         src = self.views[w.version]
         self.used.add(w.worker)
         self.resident[src.version] -= 1
@@ -334,16 +351,16 @@ class SwitchCost:
             here = r.resident[v.version]
             excess = r.excess(v)
             if r.model_total[v.model] < v.min_workers and self._model_pick(r, v.model) is v:
-                reason = "min_workers"
+                reason = SwitchReason.MIN_WORKERS
             elif here == 0 and (v.queued > 0 or now - v.last_arrival <= s.cold_recent_s):
-                reason = "cold"
+                reason = SwitchReason.COLD
             elif here > 0 and v.queued > 0 and r.late(v):
-                reason = "deadline"
+                reason = SwitchReason.DEADLINE
             elif here > 0 and excess >= s.factor * v.load_s:
-                reason = "demand"
+                reason = SwitchReason.DEMAND
             else:
                 continue
-            rank = (float(reason != "min_workers"), float(v.paid == 0), _RANK[reason],
+            rank = (float(reason != SwitchReason.MIN_WORKERS), float(v.paid == 0), _RANK[reason],
                     v.oldest_deadline, -excess, r.order[v.version])
             out.append(_Need(rank, v, reason))
         return out
@@ -368,13 +385,13 @@ class SwitchCost:
     def _leave(self, r: _Round, w: WorkerView) -> None:
         d, now = r.views[w.version], r.now
         if d.retired:
-            reason = "retire"
+            reason = SwitchReason.RETIRE
         else:
             last = r.model_last[d.model] if d.wanted else d.last_arrival
             idle_model = d.min_workers == 0 or not d.wanted
             if not idle_model or now - max(last, w.resident_since) < d.idle_unload_s:
                 return
-            reason = "idle"
+            reason = SwitchReason.IDLE
         to = self._home(r, w, d, same_model=d.retired or not d.wanted)
         if to is not None:
             r.move(w, to, reason)
@@ -426,7 +443,8 @@ class LruOnDemand:
                           and not v.retired and v.version not in idle_at),
                          key=lambda v: (v.oldest, order[v.version]))
         free.sort(key=lambda w: (views[w.version].last_arrival, w.resident_since, w.worker))
-        return [Switch(w.worker, v.version, "demand" if v.version in resident else "cold")
+        return [Switch(w.worker, v.version, SwitchReason.DEMAND if v.version in resident
+                       else SwitchReason.COLD)
                 for v, w in zip(waiting, free, strict=False)]
 
     def next_check(
@@ -442,8 +460,10 @@ __all__ = [
     "PlacementSettings",
     "Switch",
     "SwitchCost",
+    "SwitchReason",
     "VersionView",
     "WorkerView",
     "initial_placement",
     "load_eta",
+    "queued_batches",
 ]

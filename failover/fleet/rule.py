@@ -7,9 +7,13 @@ rise first, the long one remembers a peak through a lull), plus the rise the two
 carried forward over the start-up time (at most the short rate again: a step looks like a
 steep ramp at first),
 plus the queue spread over the start-up time. The pool is sized so that demand fills
-`target_utilization` of it. A starting worker is counted once, from the moment it is asked
-for, until it comes up or is cancelled; a failed start stays counted and is retried after a
-backoff, so a failure never asks for a second worker.
+`target_utilization` of it, at the capacity of a worker the caller measures and passes in
+with each decision (items/s one worker drains at full batches: `DispatchCore.throughput`,
+over several versions `failover.fleet.capacity.pool_throughput`): no setting guesses it.
+The workers on their way are an input (the ledger of starts,
+`failover.fleet.ledger`, counts each once from the moment it is asked for until it comes up
+or is taken back; a failed start stays counted), so a failure never asks for a second
+worker, and the rule keeps no copy of them.
 
 A start still on its way that demand no longer needs (one fewer would stay under
 `down_utilization`, for `down_step_s`, and as long after a scale-up) is taken back: it holds a
@@ -26,12 +30,23 @@ falling load is followed without waiting the whole delay again for each worker.
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from batcher import RateMeter
 
-SCALE_REASONS = ("demand", "queue", "floor", "idle")  # up: demand|queue|floor; down: idle|floor
+
+class ScaleReason(enum.StrEnum):
+    """Why the pool grows or shrinks (the metrics' `reason` label)."""
+
+    DEMAND = "demand"  # up: the predicted demand needs more workers
+    QUEUE = "queue"  # up: the queue alone does
+    FLOOR = "floor"  # up or down: back within the bounds
+    IDLE = "idle"  # down: capacity well above demand for the delay
+
+
+SCALE_REASONS = tuple(ScaleReason)
 
 # The rise carried forward adds at most this fraction of the short rate: a step makes the
 # two windows diverge as a steep ramp would, and should not be planned for twice over.
@@ -42,21 +57,16 @@ _TREND_CAP = 1.0
 class ScalerSettings:
     min_workers: int  # >= 0 (0: a model that may sleep; the models issue wakes it)
     max_workers: int  # >= min_workers, >= 1
-    capacity: float = 1000.0  # items/s one worker drains at full batches (max_batch / batch_s)
     target_utilization: float = 0.7  # plan so predicted demand <= this x capacity of the pool
     down_utilization: float = 0.6  # one worker fewer must stay under this to retire one
     scale_down_delay_s: float = 300.0
     down_step_s: float = 30.0  # once retiring began, the next one after this much more of it
     short_window_s: float = 10.0  # arrival-rate windows (decaying averages)
     long_window_s: float = 60.0
-    backoff_first_s: float = 0.5  # a failed start is retried after min(cap, first*2**(k-1))
-    backoff_cap_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min_workers < 0 or self.max_workers < max(1, self.min_workers):
             raise ValueError("scaling bounds need 0 <= min_workers <= max_workers, max >= 1")
-        if self.capacity <= 0:
-            raise ValueError("a worker's capacity must be > 0 items/s")
         # down <= target: right after a retirement the same demand must not ask for it back.
         if not 0 < self.down_utilization <= self.target_utilization <= 1:
             raise ValueError("need 0 < down_utilization <= target_utilization <= 1")
@@ -64,34 +74,24 @@ class ScalerSettings:
             raise ValueError("scale-down delays must be >= 0 seconds")
         if not 0 < self.short_window_s <= self.long_window_s:
             raise ValueError("need 0 < short_window_s <= long_window_s")
-        if not 0 < self.backoff_first_s <= self.backoff_cap_s:
-            raise ValueError("need 0 < backoff_first_s <= backoff_cap_s")
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    version: str  # "" in the one-model case
-    since: float  # when it was asked for
-    eta: float  # absolute time it is expected up
-    failures: int  # failed attempts so far
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     up: int = 0  # workers to start now
     down: int = 0  # workers to retire now (0 or 1)
-    reason: str = ""  # one of SCALE_REASONS
+    reason: ScaleReason | None = None
     take_back: bool = False  # the down takes back a start not yet up, never a worker serving
 
 
 class Scaler:
-    """Decides the pool's size; the caller starts and retires workers and reports back."""
+    """Decides the pool's size; the caller starts and retires workers and says how many
+    are on their way at each decision."""
 
     def __init__(self, settings: ScalerSettings) -> None:
         self.settings = settings
         self._short = RateMeter(settings.short_window_s)
         self._long = RateMeter(settings.long_window_s)
-        self._starts: list[Start] = []  # in the order asked for
         self._desired = settings.min_workers
         self._last_up = -math.inf
         self._calm_since: float | None = None  # the retire condition holds since
@@ -120,59 +120,65 @@ class Scaler:
             trend = min(slope * (s.short_window_s + start_s), _TREND_CAP * short)
         return max(short, long) + trend + queued / max(start_s, 1.0)
 
-    def _need(self, demand: float) -> int:
+    def _need(self, demand: float, capacity: float) -> int:
         s = self.settings  # demand exactly at the target fills the pool: no worker more
-        return math.ceil(demand / (s.capacity * s.target_utilization) - 1e-9)
+        return math.ceil(demand / (capacity * s.target_utilization) - 1e-9)
 
-    def decide(self, now: float, running: int, queued: int, start_s: float) -> Decision:
-        """What to do now: start `up` workers, or retire `down` (0 or 1). Starts in flight
-        count as present, so asking again before they come up asks for nothing more."""
+    def decide(self, now: float, running: int, starting: int, queued: int,
+               start_s: float, capacity: float) -> Decision:
+        """What to do now: start `up` workers, or retire `down` (0 or 1). The `starting`
+        workers on their way count as present, so asking again before they come up asks
+        for nothing more. `capacity`: items/s one worker drains at full batches, as
+        measured now (ValueError unless > 0)."""
+        if not capacity > 0:
+            raise ValueError(f"a worker's capacity must be > 0 items/s, not {capacity}")
         s = self.settings
         demand = self.predicted(now, queued, start_s)
-        need = self._need(demand)
+        need = self._need(demand, capacity)
         self._desired = min(max(need, s.min_workers), s.max_workers)
-        pool = running + len(self._starts)
+        pool = running + starting
         if pool > s.max_workers:
             self._end_episode()
-            return Decision(down=1, reason="floor")
+            return Decision(down=1, reason=ScaleReason.FLOOR)
         if pool < self._desired:
             self._end_episode()
             self._last_up = now
             if need <= s.min_workers:
-                reason = "floor"
-            elif self._need(self.predicted(now, 0, start_s)) <= pool:
-                reason = "queue"
+                reason = ScaleReason.FLOOR
+            elif self._need(self.predicted(now, 0, start_s), capacity) <= pool:
+                reason = ScaleReason.QUEUE
             else:
-                reason = "demand"
+                reason = ScaleReason.DEMAND
             return Decision(up=self._desired - pool, reason=reason)
-        return self._maybe_down(now, pool, demand)
+        return self._maybe_down(now, pool, demand, starting, capacity)
 
-    def _maybe_down(self, now: float, pool: int, demand: float) -> Decision:
+    def _maybe_down(self, now: float, pool: int, demand: float, starting: int,
+                    capacity: float) -> Decision:
         s = self.settings
         if pool <= self._desired:
             self._end_episode()
             return Decision()
-        calm = demand < s.down_utilization * s.capacity * (pool - 1)
+        calm = demand < s.down_utilization * capacity * (pool - 1)
         if not calm:
             self._calm_since = None
             return Decision()
         if self._calm_since is None:
             self._calm_since = now
-        if now < self._ready_at():
+        if now < self._ready_at(starting):
             return Decision()
-        if self._starts:  # a start demand no longer needs holds a GPU and would serve nobody
-            return Decision(down=1, reason="idle", take_back=True)
+        if starting:  # a start demand no longer needs holds a GPU and would serve nobody
+            return Decision(down=1, reason=ScaleReason.IDLE, take_back=True)
         self._retiring = True
         self._last_down = now
-        return Decision(down=1, reason="idle")
+        return Decision(down=1, reason=ScaleReason.IDLE)
 
-    def _ready_at(self) -> float:
+    def _ready_at(self, starting: int) -> float:
         """When the running calm streak would allow a retirement, or with starts on their
         way taking one back (inf: no streak)."""
         s = self.settings
         if self._calm_since is None:
             return math.inf
-        if self._starts:
+        if starting:
             return max(self._calm_since, self._last_up) + s.down_step_s
         after_up = self._last_up + s.scale_down_delay_s
         if not self._retiring:
@@ -183,50 +189,11 @@ class Scaler:
         self._calm_since = None
         self._retiring = False
 
-    def started(self, now: float, start_s: float, version: str = "") -> None:
-        """A start was asked for (by `decide`'s up, or to replace a dead worker)."""
-        self._starts.append(Start(version, now, now + start_s, 0))
-
-    def up(self, now: float, version: str = "") -> bool:
-        """The oldest start of `version` came up: it is running now (False: none)."""
-        i = self._oldest(version)
-        if i is None:
-            return False
-        del self._starts[i]
-        return True
-
-    def failed(self, now: float, start_s: float, version: str = "") -> bool:
-        """The oldest start of `version` failed; it is retried after the backoff and stays
-        counted once (False: none)."""
-        i = self._oldest(version)
-        if i is None:
-            return False
-        s = self.settings
-        old = self._starts[i]
-        k = old.failures + 1
-        wait = min(s.backoff_cap_s, s.backoff_first_s * 2.0 ** min(k - 1, 64))
-        self._starts[i] = replace(old, eta=now + wait + start_s, failures=k)
-        return True
-
-    def cancel(self, version: str = "") -> bool:
-        """Drop the newest start of `version`: a scale-down took back a pending start."""
-        for i in range(len(self._starts) - 1, -1, -1):
-            if self._starts[i].version == version:
-                del self._starts[i]
-                return True
-        return False
-
-    def starting(self) -> tuple[Start, ...]:
-        """Starts in flight, soonest expected first."""
-        return tuple(sorted(self._starts, key=lambda st: st.eta))
-
     def desired(self) -> int:
         """The last decided target, within the bounds."""
         return self._desired
 
-    def next_check(self, now: float) -> float:
-        """When the scale-down condition would mature with no other event (inf: never)."""
-        return self._ready_at()
-
-    def _oldest(self, version: str) -> int | None:
-        return next((i for i, st in enumerate(self._starts) if st.version == version), None)
+    def next_check(self, now: float, starting: int) -> float:
+        """When the scale-down condition would mature with no other event, `starting`
+        workers on their way (inf: never)."""
+        return self._ready_at(starting)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-_CONTRACT_LATENCY = 0.100  # seconds a batch takes on the GPU whatever its size (DESIGN.md)
+_CONTRACT_LATENCY = 0.100  # seconds a batch takes on the GPU whatever its size (the contract)
 
 
 @dataclass(frozen=True, slots=True)

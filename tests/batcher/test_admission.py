@@ -138,3 +138,29 @@ def test_higher_tiers_arriving_with_long_inputs_lengthen_a_lower_tiers_wait() ->
     plain = a.estimate(100, workers=1, overtaking=100.0)
     heavy = a.estimate(100, workers=1, overtaking=100.0, overtaking_chars=100_000.0)
     assert heavy > 2 * plain
+
+
+# -- what one worker drains ------------------------------------------------------------------
+
+def test_throughput_before_any_batch_is_what_admission_assumes() -> None:
+    t = admission().throughput()
+    assert (t.batch_items, t.batch_s) == (100, 0.1)
+
+
+def test_throughput_follows_the_measured_batch_time() -> None:
+    a = admission()
+    for _ in range(50):
+        a.observe_batch(0.3, chars=1600, items=100)
+    assert a.throughput().per_worker == pytest.approx(1000 / 3, rel=1e-3)
+
+
+def test_throughput_counts_the_characters_of_the_current_mix() -> None:
+    a = learned()  # 0.1 s a batch plus 4 us a character
+    for _ in range(50):
+        a.observe_batch(0.1 + 4e-6 * 1_000, chars=1_000, items=100)  # 10 characters an item
+    short = a.throughput()
+    for _ in range(50):
+        a.observe_batch(0.1 + 4e-6 * 12_000, chars=12_000, items=12)  # 1,000 an item
+    long = a.throughput()
+    assert short.per_worker == pytest.approx(100 / (0.1 + 4e-6 * 1_000), rel=0.05)
+    assert long.per_worker < short.per_worker / 5

@@ -98,6 +98,15 @@ def test_admission_refuses_everything_with_no_worker_ready() -> None:
     assert refused.value.code == "no_healthy_worker" and len(b) == 0
 
 
+def test_the_offered_rate_counts_what_admission_refused_the_admitted_rate_does_not() -> None:
+    b = batcher(admission=admission(free_budget=0.15))
+    b.count_offered()
+    b.admit(items(40), 10.0, now=0.0, ready=1)
+    with pytest.raises(Overloaded):
+        b.admit(items(20), 10.0, now=0.0, ready=1)
+    assert b.offered_rate(1.0) == pytest.approx(b.arrival_rate(1.0) * 60 / 40)
+
+
 def test_a_draining_batcher_raises_closed_and_queues_nothing() -> None:
     b = batcher()
     b.drain()

@@ -113,3 +113,30 @@ def test_work_counts_batches_by_items_or_by_characters_whichever_is_more() -> No
     cost = BatchCost(floor=0.1, max_batch=100, max_chars=10_000)
     assert cost.work(300, 0) == pytest.approx(0.3)  # three full batches
     assert cost.work(10, 50_000) == pytest.approx(0.5)  # five batches at the cap
+
+
+# -- what one worker drains ------------------------------------------------------------------
+
+def test_throughput_before_any_batch_is_max_batch_items_in_the_floor() -> None:
+    t = BatchCost(floor=0.3, max_batch=100).throughput(chars_per_item=50)
+    assert (t.batch_items, t.batch_s) == (100, 0.3)
+    assert t.per_worker == pytest.approx(1000 / 3)
+
+
+def test_throughput_is_what_work_charges_an_item_inverted() -> None:
+    cost = BatchCost(floor=0.01, max_batch=100)
+    for chars in (20, 50, 30, 20_000, 40, 40_000, 10, 30_000):
+        cost.observe(0.1 + 4e-6 * chars, chars)
+    for per_item in (0.0, 16.0, 125.0, 1_000.0, 50_000.0):
+        t = cost.throughput(per_item)
+        assert t.per_worker == pytest.approx(1 / cost.work(1, per_item))
+        assert t.batch_s == pytest.approx(cost.seconds(t.batch_items * per_item))
+
+
+def test_long_inputs_make_smaller_slower_batches() -> None:
+    cost = BatchCost(floor=0.01, max_batch=100)
+    for chars in (20, 50, 30, 20_000, 40, 40_000, 10, 30_000):
+        cost.observe(0.1 + 4e-6 * chars, chars)
+    short, long = cost.throughput(10.0), cost.throughput(1_000.0)
+    assert short.batch_items == 100 and long.batch_items == pytest.approx(12.5)  # the cap
+    assert long.per_worker < short.per_worker

@@ -5,7 +5,7 @@ deadlines), cancellations, workers coming up, replying, failing, dying and hangi
 moments, stalled batches hedged on another worker (both copies answering, failing or
 dying), replies from dead incarnations and for batches long closed. Time only moves the way
 the owner task moves it: to the core's own next deadline, or to an event. After every step
-and once everything has drained, the invariants of DESIGN.md hold.
+and once everything has drained, the invariants of the dispatch core hold.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from failover import (
     build_core,
 )
 from failover.hang import MIN_SAMPLES
-from gpu_pool import Ok, PoolEvents, Run, WorkerId
+from gpu_pool import DEFAULT_VERSION, Ok, Origin, PoolEvents, Run, StartId, WorkerId
 from tests.fake_pools import ReportsWorkers
 from tests.virtual import run_virtual
 
@@ -71,8 +71,8 @@ class FakePool(ReportsWorkers):
         try:
             async with anyio.create_task_group() as tg:
                 self._events, self._tg = events, tg
-                for _ in range(self._size):
-                    self._start()
+                for index in range(self._size):
+                    self._start(StartId(Origin.FIRST, index))
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
@@ -121,16 +121,16 @@ class FakePool(ReportsWorkers):
         return self._crashes
 
     # -- inside ------------------------------------------------------------------------------
-    def _start(self) -> None:
+    def _start(self, start: StartId) -> None:
         assert self._events is not None
         worker = WorkerId(next(self._ids))
         self._alive[worker] = None
         self._record("ready", worker)
-        self._events.worker_ready(worker)
+        self._events.worker_ready(worker, start, DEFAULT_VERSION)
 
-    async def _restart(self) -> None:
+    async def _restart(self, start: StartId) -> None:
         await anyio.sleep(RESTART_AFTER)
-        self._start()
+        self._start(start)
 
     async def _run_batch(self, worker: WorkerId, run: Run, scope: anyio.CancelScope) -> None:
         assert self._events is not None
@@ -151,8 +151,9 @@ class FakePool(ReportsWorkers):
             running.cancel()
         assert self._events is not None and self._tg is not None
         self._record("died", worker)
-        self._events.worker_died(worker)
-        self._tg.start_soon(self._restart)
+        restart = StartId(Origin.RESTART, worker)
+        self._events.worker_died(worker, DEFAULT_VERSION, restart)
+        self._tg.start_soon(self._restart, restart)
 
     def _record(self, kind: str, worker: WorkerId, texts: tuple[str, ...] = ()) -> None:
         self._log.append(Call(self._clock.now(), kind, worker, texts))

@@ -23,7 +23,7 @@ from trio.testing import MockClock
 from batcher import FlushPolicy, Item, ItemId, LoopClock, Tier
 from failover import CoreOwner, CoreSettings, HangSettings, build_core
 from failover.owner import STALL_S
-from gpu_pool import Ok, PoolEvents, Run, WorkerId
+from gpu_pool import DEFAULT_VERSION, Ok, Origin, PoolEvents, Run, StartId, WorkerId
 from tests.fake_pools import ReportsWorkers
 from tests.virtual import run_virtual
 
@@ -53,10 +53,10 @@ class PipedPool(ReportsWorkers):
                   task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
             self._events, self._tg = events, tg
-            for _ in range(self.size):
+            for index in range(self.size):
                 worker = WorkerId(next(self._ids))
                 self.running[worker] = None
-                events.worker_ready(worker)
+                events.worker_ready(worker, StartId(Origin.FIRST, index), DEFAULT_VERSION)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -82,7 +82,7 @@ class PipedPool(ReportsWorkers):
         self.killed.append((anyio.current_time(), worker))
         self._scopes.pop(worker).cancel()
         del self.running[worker]
-        self._events.worker_died(worker)
+        self._events.worker_died(worker, DEFAULT_VERSION, None)  # gone for good
 
     async def wait_running(self, count: int) -> None:
         """Until the workers have begun `count` batches."""

@@ -15,7 +15,20 @@ import anyio
 import pytest
 
 from batcher.shared import Backoff
-from gpu_pool import BatchId, Err, Ok, PoolSettings, Ready, Run, Stop, WorkerId, WorkerPool
+from gpu_pool import (
+    DEFAULT_VERSION,
+    BatchId,
+    Err,
+    Ok,
+    Origin,
+    PoolSettings,
+    Ready,
+    Run,
+    StartId,
+    Stop,
+    WorkerId,
+    WorkerPool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -26,34 +39,56 @@ def anyio_backend() -> str:
 
 
 class Events:
-    """Records what the pool reports; each kind of event can be awaited."""
+    """Records what the pool reports; each kind of event can be awaited. Besides the order
+    of events: the start each ready ended and the version it held (`starts`, `held`), the
+    start each death said its slot carries out and the version it held (`restarts`,
+    `lost`)."""
 
     def __init__(self) -> None:
         self.ready: list[WorkerId] = []
+        self.starts: dict[WorkerId, StartId] = {}
+        self.held: dict[WorkerId, str] = {}
         self.replies: list[tuple[WorkerId, Ok | Err]] = []
         self.died: list[WorkerId] = []
+        self.restarts: dict[WorkerId, StartId | None] = {}
+        self.lost: dict[WorkerId, str] = {}
         self.changed = anyio.Event()
 
     def _bump(self) -> None:
         self.changed.set()
         self.changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
         self.ready.append(worker)
+        self.starts[worker], self.held[worker] = start, version
         self._bump()
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         self.replies.append((worker, reply))
         self._bump()
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         self.died.append(worker)
+        self.restarts[worker], self.lost[worker] = restart, version
         self._bump()
+
+    def version_of(self, worker: WorkerId) -> str | None:
+        """The version the events of `worker` carried (its ready's and its death's agree);
+        None if none was reported."""
+        said = {self.held.get(worker), self.lost.get(worker)} - {None}
+        assert len(said) <= 1, f"worker {worker}: ready holding {self.held[worker]}, " \
+                               f"dead holding {self.lost[worker]}"
+        return next(iter(said), None)
 
     async def wait_for(self, condition: object) -> None:
         with anyio.fail_after(60):
             while not condition():  # type: ignore[operator]
                 await self.changed.wait()
+
+
+def asked(number: int) -> StartId:
+    """The `number`th start a test asks for as the core would (a switch, a worker added)."""
+    return StartId(Origin.CORE, number)
 
 
 @asynccontextmanager
@@ -114,6 +149,52 @@ async def test_sigkill_is_seen_at_once_and_the_slot_restarts() -> None:
         await events.wait_for(lambda: events.died == [first] and len(events.ready) == 2)
         (info,) = pool.workers()
         assert info.state == "ready" and info.restarts == 1 and info.id != first
+
+
+async def test_the_first_workers_come_up_for_their_slots_first_starts() -> None:
+    async with running_pool("sim", workers=2) as (pool, events):
+        assert {w.id: events.starts[WorkerId(w.id)] for w in pool.workers()} == {
+            w.id: StartId(Origin.FIRST, w.slot) for w in pool.workers()}
+        assert set(events.held.values()) == {DEFAULT_VERSION}
+
+
+async def test_a_worker_that_dies_once_up_is_restarted_under_a_start_named_for_it() -> None:
+    async with running_pool("sim") as (pool, events):
+        (first,) = events.ready
+        pid = pool.workers()[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        restart = StartId(Origin.RESTART, first)
+        assert events.restarts == {first: restart} and events.lost[first] == DEFAULT_VERSION
+        assert events.starts[events.ready[1]] == restart
+
+
+async def test_a_worker_that_dies_while_loading_is_retried_under_the_same_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHGATE_TEST_CRASH_ONCE", str(tmp_path / "crashed"))
+    async with running_pool("tests.crash_once_on_import:batchstring") as (_pool, events):
+        (dead,) = events.died
+        first = StartId(Origin.FIRST, 0)
+        assert events.restarts == {dead: first} and events.starts[events.ready[0]] == first
+
+
+async def test_a_slot_that_does_not_start_again_reports_no_restart() -> None:
+    async with running_pool("sim", restart=False) as (pool, events):
+        (first,) = events.ready
+        pid = pool.workers()[0].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await events.wait_for(lambda: events.died)
+        assert events.restarts == {first: None}
+
+
+async def test_workers_that_stop_with_the_pool_report_no_restart() -> None:
+    async with running_pool("sim", workers=2) as (pool, events):
+        await pool.stop()
+        assert sorted(events.died) == sorted(events.ready)
+        assert set(events.restarts.values()) == {None}
 
 
 async def test_a_crash_mid_batch_reports_the_death_not_an_answer() -> None:

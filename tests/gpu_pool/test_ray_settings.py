@@ -40,5 +40,5 @@ def test_serve_builds_the_ray_pool_for_pool_ray() -> None:
     from api.door import build_pool
     from gpu_pool.ray_pool import RayPool
 
-    pool = build_pool(Settings(model="sim", pool="ray", ray_worker_resources="slot"), gpus=0)
+    pool = build_pool(Settings(model="sim", pool="ray", ray_worker_resources="slot"))
     assert isinstance(pool, RayPool) and pool.state_counts()["pending"] == 1

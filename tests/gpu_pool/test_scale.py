@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from gpu_pool import BatchId, Load, PoolSettings, Run, WorkerConfig, WorkerId, WorkerPool
-from tests.gpu_pool.test_pool import Events, running_pool
+from tests.gpu_pool.test_pool import Events, asked, running_pool
 from tests.gpu_pool.test_switch import alive, answer
 
 pytestmark = pytest.mark.anyio
@@ -76,8 +76,8 @@ def pid_of(pool: WorkerPool, worker: WorkerId) -> int:
 
 async def test_workers_added_come_up_in_new_slots_and_answer() -> None:
     async with running_pool("sim") as (pool, events):
-        pool.add(SIM)
-        pool.add(SIM)
+        pool.add(SIM, asked(1))
+        pool.add(SIM, asked(2))
         assert pool.state_counts()["starting"] == 2 and len(pool.workers()) == 3
         await events.wait_for(lambda: len(events.ready) == 3)
         assert sorted(w.slot for w in pool.workers()) == [0, 1, 2]
@@ -85,6 +85,17 @@ async def test_workers_added_come_up_in_new_slots_and_answer() -> None:
         for worker in events.ready[1:]:
             assert await answer(pool, events, worker, "abc") == "cba"
         assert events.died == [] and pool.crashes == 0
+
+
+async def test_workers_added_come_up_for_the_starts_the_core_gave_and_stay() -> None:
+    async with running_pool("sim") as (pool, events):
+        pool.add(SIM, asked(1))
+        pool.add(SIM, asked(2))
+        await events.wait_for(lambda: len(events.ready) == 3)
+        assert {w.slot: events.starts[WorkerId(w.id)] for w in pool.workers()
+                if w.slot > 0} == {1: asked(1), 2: asked(2)}
+        assert not pool.cancel_start(asked(1))  # up: nothing to take back
+        assert pool.ready_count() == 3 and pool.state_counts()["stopped"] == 0
 
 
 async def test_a_retired_worker_exits_its_slot_is_removed_and_no_death_is_reported() -> None:
@@ -114,40 +125,52 @@ async def test_a_busy_or_unknown_worker_is_not_retired() -> None:
 async def test_a_start_taken_back_while_it_loads_is_killed_and_never_comes_up() -> None:
     async with running_pool("sim") as (pool, events):
         spawns = watch_spawns(pool)
-        pool.add(SLOW)
+        pool.add(SLOW, asked(1))
         assert await anyio.to_thread.run_sync(spawns.started.wait, 10)
         pid = spawns.processes[0].pid
-        assert pool.cancel_start("slow@v2")  # while it loads, its pipe watched or not yet
+        assert pool.cancel_start(asked(1))  # while it loads, its pipe watched or not yet
         await gone(pool, 1)
-        assert not alive(pid) and not pool.cancel_start("slow@v2")
+        assert not alive(pid) and not pool.cancel_start(asked(1))
         assert len(events.ready) == 1 and events.died == [] and pool.crashes == 0
 
 
 async def test_a_start_taken_back_before_its_spawn_never_spawns() -> None:
     async with running_pool("sim") as (pool, events):
         spawns = watch_spawns(pool)
-        pool.add(SLOW)
-        assert pool.cancel_start("slow@v2")
+        pool.add(SLOW, asked(1))
+        assert pool.cancel_start(asked(1))
         await gone(pool, 1)
-        pool.add(SIM)  # spawned after any spawn the first could have made
+        pool.add(SIM, asked(2))  # spawned after any spawn the first could have made
         await events.wait_for(lambda: len(events.ready) == 2)
         assert [c.version for c in spawns.configs] == ["default@v1"]
         assert events.died == [] and [w.slot for w in pool.workers()] == [0, 2]
 
 
+async def test_the_start_taken_back_is_the_one_named_not_another_of_its_version() -> None:
+    async with running_pool("sim") as (pool, events):
+        pool.add(SLOW, asked(1))
+        pool.add(SLOW, asked(2))
+        assert pool.cancel_start(asked(1))
+        await gone(pool, 1)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        assert events.starts[events.ready[1]] == asked(2)
+        assert [w.slot for w in pool.workers()] == [0, 2] and events.died == []
+
+
 async def test_a_new_worker_that_fails_to_load_dies_is_retried_then_taken_back() -> None:
     async with running_pool("sim") as (pool, events):
-        pool.add(BROKEN)
+        pool.add(BROKEN, asked(1))
         with anyio.fail_after(20):
             while len(events.died) < 3:
                 await events.changed.wait()
-        assert all(pool.version_of(w) == "broken@v1" for w in events.died)
+        assert all(events.version_of(w) == "broken@v1" for w in events.died)
         broken = pool._slots[1]
         assert broken.restarts >= 2 and broken.failures >= 3 and len(events.ready) == 1
-        assert pool.cancel_start("broken@v1")
+        assert pool.cancel_start(asked(1))
         await gone(pool, 1)
         deaths = len(events.died)
-        pool.add(SIM)  # a start asked after it: were the broken one restarted, it died first
+        # A start asked after it: were the broken one restarted, it would die first.
+        pool.add(SIM, asked(2))
         await events.wait_for(lambda: len(events.ready) == 2)
         assert len(events.died) == deaths and pool.crashes == deaths
 
@@ -159,12 +182,12 @@ async def test_a_new_worker_is_pinned_to_the_lowest_device_no_slot_holds() -> No
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run, events)
         await events.wait_for(lambda: len(events.ready) == 2)
-        pool.add(SIM)
+        pool.add(SIM, asked(1))
         await events.wait_for(lambda: len(events.ready) == 3)
         (first,) = [w.id for w in pool.workers() if w.slot == 0]
         pool.retire(WorkerId(first))  # device 0
         await gone(pool, 0)
-        pool.add(SIM)
+        pool.add(SIM, asked(2))
         await events.wait_for(lambda: len(events.ready) == 4)
         tg.cancel_scope.cancel()
     assert [c.gpu for c in spawns.configs] == [0, 1, 2, 0]

@@ -3,17 +3,28 @@
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import pytest
 
 from batcher.shared.backoff import Backoff
-from gpu_pool import BatchId, Load, Run
+from gpu_pool import BatchId, Load, Origin, Run, StartId
 from gpu_pool.protocol import WorkerId
 from gpu_pool.slots import Slot, Slots, SlotState
 from tests.virtual import run_virtual
 
 V1 = Load("m@v1", "sim")
 V2 = Load("m@v2", "tests.models_versions:v2")
+_asked = itertools.count(1000)  # the numbers of the starts no test names
+
+
+def first(index: int) -> StartId:
+    return StartId(Origin.FIRST, index)
+
+
+def asked(number: int) -> StartId:
+    return StartId(Origin.CORE, number)
 
 
 def make(count: int = 2, first: SlotState = SlotState.STARTING) -> Slots[Slot]:
@@ -27,8 +38,8 @@ def up(slots: Slots[Slot], slot: Slot) -> WorkerId:
     return worker
 
 
-def grow(slots: Slots[Slot], load: Load = V1) -> Slot:
-    slot = slots.add(lambda index: Slot(index, load=load))
+def grow(slots: Slots[Slot], load: Load = V1, start: StartId | None = None) -> Slot:
+    slot = slots.add(lambda index: Slot(index, load=load), start or asked(next(_asked)))
     assert slot is not None
     return slot
 
@@ -53,7 +64,7 @@ def test_an_index_is_never_used_twice_even_after_its_slot_is_gone() -> None:
 def test_no_slot_is_added_once_stopping() -> None:
     slots = make()
     slots.stop()
-    assert slots.add(lambda index: Slot(index, load=V1)) is None and len(slots) == 2
+    assert slots.add(lambda index: Slot(index, load=V1), asked(1)) is None and len(slots) == 2
 
 
 # -- retire ------------------------------------------------------------------------------------
@@ -114,41 +125,52 @@ def test_a_worker_being_replaced_retires_unless_it_holds_a_batch() -> None:
 
 
 # -- cancel_start ------------------------------------------------------------------------------
-def test_the_newest_start_of_the_version_not_up_is_taken_back() -> None:
+def test_the_start_named_is_taken_back() -> None:
     slots = make()
     up(slots, slots[0])
     slots.begin(slots[1])  # starting, v1
-    newest = grow(slots)
+    newest = grow(slots, start=asked(1))
     slots.begin(newest)
-    other = grow(slots, V2)  # newer, but another version
-    assert slots.cancel_start("m@v1") is newest
+    other = grow(slots, V2, asked(2))  # newer, but another version
+    assert slots.cancel_start(asked(1)) is newest
     assert newest.leaving and slots.find(newest.worker) is None and not other.leaving
-    assert slots.cancel_start("m@v1") is slots[1]
-    assert slots.cancel_start("m@v1") is None  # the one left is up
+    assert slots.cancel_start(first(1)) is slots[1]
+    assert slots.cancel_start(first(0)) is None  # the one left is up
+
+
+def test_a_start_up_taken_back_or_never_made_is_not_taken_back() -> None:
+    slots = make()
+    added = grow(slots, start=asked(1))
+    up(slots, added)
+    leaving = grow(slots, start=asked(2))
+    assert slots.cancel_start(asked(2)) is leaving
+    assert slots.cancel_start(asked(1)) is None and not added.leaving
+    assert slots.cancel_start(asked(2)) is None and slots.cancel_start(asked(3)) is None
 
 
 def test_a_start_waiting_out_its_backoff_is_taken_back() -> None:
     slots = make(count=1)
     slots.mark_dead(slots[0], slots.begin(slots[0]))
-    assert slots.cancel_start("m@v1") is slots[0]
+    assert slots.cancel_start(first(0)) is slots[0]
 
 
 def test_a_switch_a_replacement_or_an_unreported_death_is_not_taken_back() -> None:
     slots = make(count=3)
     switched = up(slots, slots[0])
-    slots.switch(slots[0], switched, Load("m@v1", "sim"))
-    up(slots, slots[1])
+    slots.switch(slots[0], switched, Load("m@v1", "sim"), asked(1))
+    replaced = up(slots, slots[1])
     slots.replace(slots[1])
     dying = slots.begin(slots[2])
     slots.mark_dead(slots[2], dying)
-    assert slots.cancel_start("m@v1", skip=[dying]) is None
-    assert slots.cancel_start("m@v1") is slots[2]
+    named = (asked(1), first(1), StartId(Origin.RESTART, replaced), first(2))
+    assert all(slots.cancel_start(start, skip=[dying]) is None for start in named)
+    assert slots.cancel_start(first(2)) is slots[2]
 
 
 def test_nothing_is_taken_back_once_stopping() -> None:
     slots = make()
     slots.stop()
-    assert slots.cancel_start("m@v1") is None
+    assert slots.cancel_start(first(1)) is None
 
 
 def test_a_leaving_slot_holds_no_start_up_back() -> None:
@@ -156,7 +178,7 @@ def test_a_leaving_slot_holds_no_start_up_back() -> None:
     up(slots, slots[0])
     slots.begin(slots[1])
     assert not slots.settled(2)
-    slots.cancel_start("m@v1")
+    slots.cancel_start(first(1))
     assert slots.settled(2)
 
 
@@ -222,7 +244,7 @@ def test_a_start_taken_back_while_it_waits_its_backoff_goes_at_once() -> None:
             t0 = anyio.current_time()
             await tg.start(slots.keep_started, start)
             await anyio.sleep(1)
-            assert slots.cancel_start("m@v1") is slots[0]
+            assert slots.cancel_start(first(0)) is slots[0]
             await anyio.sleep(20)
             tg.cancel_scope.cancel()
         return [(leaving, t - t0) for leaving, t in starts]

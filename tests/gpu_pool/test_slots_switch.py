@@ -1,4 +1,4 @@
-"""Switch bookkeeping, as both pools use it (`Slots.switch`, `take_back`, `version_of`):
+"""Switch bookkeeping, as both pools use it (`Slots.switch`, `take_back`, `Slot.version`):
 pure, or in virtual time."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import anyio
 import pytest
 
 from batcher.shared.backoff import Backoff
-from gpu_pool import DEFAULT_VERSION, BatchId, Load, Run
+from gpu_pool import DEFAULT_VERSION, BatchId, Load, Origin, Run, StartId
 from gpu_pool.protocol import WorkerId
-from gpu_pool.slots import VERSIONS_KEPT, Slot, Slots, SlotState
+from gpu_pool.slots import Slot, Slots, SlotState
 from tests.virtual import run_virtual
 
 V1 = Load("m@v1", "sim")
 V2 = Load("m@v2", "tests.models_versions:v2")
+SWITCH = StartId(Origin.CORE, 1)  # the start of the one switch a test asks for
 
 
 def make(count: int = 2) -> Slots[Slot]:
@@ -46,7 +47,7 @@ def test_a_malformed_load_is_refused(version: str, spec: str, floor: float | Non
 def test_an_idle_worker_switches_forgotten_and_no_crash() -> None:
     slots = make()
     worker = up(slots, 0)
-    assert slots.switch(slots[0], worker, V2)
+    assert slots.switch(slots[0], worker, V2, SWITCH)
     slot = slots[0]
     assert slots.find(worker) is None and slot.load == V2
     assert (slots.crashes, slot.restarts, slot.failures, slots.switches) == (0, 0, 0, 1)
@@ -56,10 +57,11 @@ def test_an_idle_worker_switches_forgotten_and_no_crash() -> None:
 def test_the_new_incarnation_holds_the_new_version_under_a_new_id() -> None:
     slots = make()
     old = up(slots, 0)
-    slots.switch(slots[0], old, V2)
+    held = slots[0].version  # what the pool's ready event for `old` carries
+    slots.switch(slots[0], old, V2, SWITCH)
     new = up(slots, 0)
     assert new != old
-    assert (slots.version_of(old), slots.version_of(new)) == ("m@v1", "m@v2")
+    assert (held, slots[0].version) == ("m@v1", "m@v2")
     assert slots.workers()[0].state == "ready" and slots.workers()[0].version == "m@v2"
 
 
@@ -69,7 +71,7 @@ def test_a_worker_not_idle_does_not_switch(state: SlotState) -> None:
     slots = make()
     worker = up(slots, 0)
     slots[0].state = state
-    assert not slots.switch(slots[0], worker, V2)
+    assert not slots.switch(slots[0], worker, V2, SWITCH)
     assert slots[0].load == V1 and slots.find(worker) is slots[0] and slots.switches == 0
 
 
@@ -77,14 +79,14 @@ def test_an_earlier_incarnation_does_not_switch_its_successor() -> None:
     slots = make()
     old = up(slots, 0)
     up(slots, 0)
-    assert not slots.switch(slots[0], old, V2)
+    assert not slots.switch(slots[0], old, V2, SWITCH)
 
 
 def test_no_switch_once_stopping() -> None:
     slots = make()
     worker = up(slots, 0)
     slots.stop()
-    assert not slots.switch(slots[0], worker, V2)
+    assert not slots.switch(slots[0], worker, V2, SWITCH)
 
 
 def test_a_worker_being_replaced_switches_unless_it_holds_a_batch() -> None:
@@ -92,9 +94,9 @@ def test_a_worker_being_replaced_switches_unless_it_holds_a_batch() -> None:
     worker = up(slots, 0)
     slots.replace(slots[0])
     slots[0].held = Run(BatchId(1), ("x",))
-    assert not slots.switch(slots[0], worker, V2)
+    assert not slots.switch(slots[0], worker, V2, SWITCH)
     slots[0].held = None
-    assert slots.switch(slots[0], worker, V2)
+    assert slots.switch(slots[0], worker, V2, SWITCH)
     assert not slots[0].replacing and slots[0].switched_out == worker
 
 
@@ -102,7 +104,7 @@ def test_a_replacement_switched_away_is_taken_back_once() -> None:
     slots = make()
     worker = up(slots, 0)
     slots.replace(slots[0])
-    slots.switch(slots[0], worker, V2)
+    slots.switch(slots[0], worker, V2, SWITCH)
     assert slots.take_back(slots[0], worker)
     assert not slots.take_back(slots[0], worker)
     assert slots[0].switched_out is None and slots[0].state is SlotState.STARTING
@@ -111,34 +113,24 @@ def test_a_replacement_switched_away_is_taken_back_once() -> None:
 def test_a_death_while_loading_the_new_version_is_a_crash_and_keeps_it() -> None:
     slots = make()
     old = up(slots, 0)
-    slots.switch(slots[0], old, V2)
+    slots.switch(slots[0], old, V2, SWITCH)
     new = slots.begin(slots[0])
     assert slots.mark_dead(slots[0], new)
     assert (slots.crashes, slots[0].failures, slots[0].load) == (1, 1, V2)
-    assert slots.workers()[0].state == "dead" and slots.version_of(new) == "m@v2"
+    assert slots.workers()[0].state == "dead" and slots[0].version == "m@v2"
 
 
 def test_a_slot_without_a_load_holds_the_default_version() -> None:
     slots = Slots([Slot(0)], first=SlotState.STARTING, backoff=Backoff())
-    worker = up(slots, 0)
-    assert slots.version_of(worker) == DEFAULT_VERSION == slots.workers()[0].version
-
-
-def test_versions_of_old_incarnations_are_pruned_but_never_a_live_ones() -> None:
-    slots = make()
-    steady = up(slots, 1)
-    first = slots.begin(slots[0])
-    for _ in range(VERSIONS_KEPT + 10):
-        slots.begin(slots[0])
-    assert slots.version_of(first) is None
-    assert slots.version_of(steady) == "m@v1" and slots.version_of(slots[0].worker) == "m@v1"
+    up(slots, 0)
+    assert slots[0].version == DEFAULT_VERSION == slots.workers()[0].version
 
 
 def test_a_claimed_incarnation_holds_what_it_says() -> None:
     slots = make()
-    worker = up(slots, 0)
+    up(slots, 0)
     slots.holds(slots[0], V2)
-    assert slots.version_of(worker) == "m@v2" and slots[0].load == V2
+    assert slots[0].version == "m@v2" and slots[0].load == V2
 
 
 # -- starting (virtual time) -----------------------------------------------------------------
@@ -155,7 +147,7 @@ def test_a_switch_starts_at_once_and_a_death_after_it_waits_its_backoff() -> Non
             if len(starts) == 1:  # up, then switched at t = 10
                 slots.mark_ready(slot, "cpu")
                 await anyio.sleep(10)
-                slots.switch(slot, worker, V2)
+                slots.switch(slot, worker, V2, SWITCH)
             elif len(starts) == 2:  # the new version dies while loading
                 slots.mark_dead(slot, worker)
                 slots.restart(slot)

@@ -15,12 +15,13 @@ import anyio
 import pytest
 
 from gpu_pool import BatchId, Load, Ok, PoolSettings, Run, WorkerId, WorkerPool
-from tests.gpu_pool.test_pool import Events
+from tests.gpu_pool.test_pool import Events, asked
 
 pytestmark = pytest.mark.anyio
 V1 = Load("topics@v1", "tests.models_versions:v1")
 V2 = Load("topics@v2", "tests.models_versions:v2")
 CRASHES = Load("broken@v1", "tests.crash_on_import:batchstring")
+SWITCH = asked(1)  # the start of the one switch a test asks for
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def test_without_loads_every_slot_holds_the_one_model() -> None:
 
 async def test_each_slot_starts_with_its_own_version_and_answers_from_it() -> None:
     async with versioned_pool(V1, V2) as (pool, events):
-        by_version = {pool.version_of(w): w for w in events.ready}
+        by_version = {events.version_of(w): w for w in events.ready}
         assert set(by_version) == {"topics@v1", "topics@v2"}
         assert await answer(pool, events, by_version["topics@v1"], "abc") == "v1:cba"
         assert await answer(pool, events, by_version["topics@v2"], "abc") == "v2:ABC"
@@ -106,28 +107,36 @@ async def test_an_idle_worker_switches_under_a_new_id_and_no_death() -> None:
         assert old_pid is not None
         watch = SpawnWatch(pool._ctx)
         watch.watched, pool._ctx = old_pid, watch  # type: ignore[assignment]
-        pool.switch(old, V2)
+        pool.switch(old, V2, SWITCH)
         assert pool.workers()[0].state == "switching"
         await events.wait_for(lambda: len(events.ready) == 2)
         new = events.ready[1]
-        assert new != old and pool.version_of(new) == "topics@v2"
+        assert new != old and events.version_of(new) == "topics@v2"
         assert watch.alive_at_spawn == [False]  # the old process exited before the new one
         assert events.died == [] and pool.crashes == 0 and pool.switches == 1
         (info,) = pool.workers()
         assert (info.id, info.state, info.version, info.restarts) == (new, "ready", "topics@v2", 0)
         assert await answer(pool, events, new, "abc") == "v2:ABC"
-        assert pool.version_of(old) == "topics@v1"  # still answered for the retired one
+        assert events.version_of(old) == "topics@v1"  # what the retired one came up with
+
+
+async def test_the_switched_in_worker_is_up_for_the_start_the_core_gave() -> None:
+    async with versioned_pool(V1) as (pool, events):
+        pool.switch(events.ready[0], V2, SWITCH)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        new = events.ready[1]
+        assert (events.starts[new], events.held[new]) == (SWITCH, "topics@v2")
 
 
 async def test_a_busy_worker_does_not_switch() -> None:
     async with versioned_pool(Load("slow@v1", "sim", latency_floor=0.3)) as (pool, events):
         (worker,) = events.ready
         pool.send(worker, Run(BatchId(1), ("abc",)))
-        pool.switch(worker, V2)
+        pool.switch(worker, V2, SWITCH)
         assert pool.workers()[0].state == "busy" and pool.switches == 0
         await events.wait_for(lambda: events.replies)
         assert events.replies[0][0] == worker and events.ready == [worker]
-        assert pool.version_of(worker) == "slow@v1" and pool.workers()[0].state == "ready"
+        assert events.version_of(worker) == "slow@v1" and pool.workers()[0].state == "ready"
 
 
 async def test_a_dead_worker_does_not_switch_and_restarts_holding_its_version() -> None:
@@ -137,16 +146,16 @@ async def test_a_dead_worker_does_not_switch_and_restarts_holding_its_version() 
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         await events.wait_for(lambda: events.died == [dead])
-        pool.switch(dead, V2)
+        pool.switch(dead, V2, SWITCH)
         assert pool.switches == 0
         await events.wait_for(lambda: len(events.ready) == 2)
-        assert pool.version_of(events.ready[1]) == "topics@v1"
-        assert pool.version_of(dead) == "topics@v1"  # a dead incarnation's, still
+        assert events.version_of(events.ready[1]) == "topics@v1"
+        assert events.version_of(dead) == "topics@v1"  # what its death said it held
 
 
 async def test_a_restart_after_a_switch_keeps_the_new_version() -> None:
     async with versioned_pool(V1) as (pool, events):
-        pool.switch(events.ready[0], V2)
+        pool.switch(events.ready[0], V2, SWITCH)
         await events.wait_for(lambda: len(events.ready) == 2)
         pid = pool.workers()[0].pid
         assert pid is not None
@@ -159,12 +168,12 @@ async def test_a_restart_after_a_switch_keeps_the_new_version() -> None:
 async def test_a_new_version_that_crashes_at_load_is_a_death_and_keeps_restarting() -> None:
     async with versioned_pool(V1) as (pool, events):
         (old,) = events.ready
-        pool.switch(old, CRASHES)
+        pool.switch(old, CRASHES, SWITCH)
         with anyio.fail_after(30):
             while pool.workers()[0].restarts < 2:
                 await events.changed.wait()
         assert old not in events.died and len(events.died) >= 2
-        assert all(pool.version_of(w) == "broken@v1" for w in events.died)
+        assert all(events.version_of(w) == "broken@v1" for w in events.died)
         assert pool.crashes >= 2 and pool._slots[0].failures >= 2  # the backoff grows
         assert pool.workers()[0].version == "broken@v1" and pool.ready_count() == 0
 
@@ -176,12 +185,24 @@ async def test_a_new_version_that_crashes_once_comes_up_after_its_restart(
     once = Load("flaky@v1", "tests.crash_once_on_import:batchstring")
     async with versioned_pool(V1) as (pool, events):
         (old,) = events.ready
-        pool.switch(old, once)
+        pool.switch(old, once, SWITCH)
         await events.wait_for(lambda: len(events.ready) == 2)
         (dead,) = events.died
-        assert dead not in (old, events.ready[1]) and pool.version_of(dead) == "flaky@v1"
-        assert pool.version_of(events.ready[1]) == "flaky@v1"
+        assert dead not in (old, events.ready[1]) and events.version_of(dead) == "flaky@v1"
+        assert events.version_of(events.ready[1]) == "flaky@v1"
         assert pool.workers()[0].restarts == 1 and pool.crashes == 1
+
+
+async def test_a_switch_that_dies_while_loading_is_retried_under_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATCHGATE_TEST_CRASH_ONCE", str(tmp_path / "crashed"))
+    async with versioned_pool(V1) as (pool, events):
+        pool.switch(events.ready[0], Load("flaky@v1", "tests.crash_once_on_import:batchstring"),
+                    SWITCH)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        (dead,) = events.died
+        assert events.restarts == {dead: SWITCH} and events.starts[events.ready[1]] == SWITCH
 
 
 @pytest.mark.parametrize("when", ["before_its_spawn", "while_it_loads"])
@@ -200,11 +221,11 @@ async def test_a_worker_being_replaced_for_its_memory_switches_too(when: str) ->
                 await watch.spawned.wait()
         else:
             assert not watch.spawned.is_set()
-        pool.switch(worker, V2)
+        pool.switch(worker, V2, SWITCH)
         assert pool.switches == 1
         await events.wait_for(lambda: len(events.ready) == 2)
         new = events.ready[1]
-        assert pool.version_of(new) == "topics@v2" and events.died == []
+        assert events.version_of(new) == "topics@v2" and events.died == []
         assert await answer(pool, events, new, "ab") == "v2:AB"
         assert pool.crashes == 0 and pool.workers()[0].restarts == 0
 
@@ -212,7 +233,7 @@ async def test_a_worker_being_replaced_for_its_memory_switches_too(when: str) ->
 async def test_stop_ends_a_switch_under_way_and_starts_nothing_more() -> None:
     async with versioned_pool(V1) as (pool, events):
         pid = pool.workers()[0].pid
-        pool.switch(events.ready[0], V2)
+        pool.switch(events.ready[0], V2, SWITCH)
         await pool.stop()
         assert pid is not None and not alive(pid)
         assert pool.pids == [] and events.ready == events.ready[:1]

@@ -4,6 +4,7 @@ reported once and repaired under a new id."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,8 +13,21 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
-from gpu_pool import BatchId, Err, Ok, PoolSettings, RayPoolSettings, Run, WorkerId
-from gpu_pool.ray_pool import RayPool, _lost_nodes
+import gpu_pool.ray_pool
+from gpu_pool import (
+    DEFAULT_VERSION,
+    BatchId,
+    Err,
+    Ok,
+    Origin,
+    PoolSettings,
+    RayPoolSettings,
+    Run,
+    StartId,
+    WorkerId,
+)
+from gpu_pool.ray_cluster import lost_nodes
+from gpu_pool.ray_pool import RayPool
 from tests.gpu_pool.test_pool import Events
 from tests.ray.lab import SLOT, Lab, kill_actor
 
@@ -21,8 +35,10 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def ray_pool(model: str, workers: int = 1) -> AsyncIterator[tuple[RayPool, Events]]:
-    events = Events()
+async def ray_pool(
+    model: str, workers: int = 1, events: Events | None = None,
+) -> AsyncIterator[tuple[RayPool, Events]]:
+    events = events or Events()
     base = PoolSettings(model=model, workers=workers, restart_backoff=0.05)
     pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
     async with anyio.create_task_group() as tg:
@@ -98,6 +114,59 @@ async def test_an_actor_that_crashes_mid_batch_is_reported_dead_once(lab: Lab) -
         assert events.died == [first] and events.replies == []
 
 
+async def test_an_actor_killed_once_up_is_restarted_under_a_start_named_for_it(
+    lab: Lab,
+) -> None:
+    async with ray_pool("sim") as (pool, events):
+        (first,) = events.ready
+        assert (events.starts[first], events.held[first]) == (
+            StartId(Origin.FIRST, 0), DEFAULT_VERSION)
+        pool.kill(first)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        restart = StartId(Origin.RESTART, first)
+        assert events.restarts == {first: restart} and events.lost[first] == DEFAULT_VERSION
+        assert events.starts[events.ready[1]] == restart
+
+
+class UpWatch(Events):
+    """Also notes how many workers were reported up at each death, and tells another
+    thread when one comes up (`up`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = threading.Event()
+        self.up_at_death: list[int] = []
+
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        super().worker_ready(worker, start, version)
+        self.up.set()
+
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+        self.up_at_death.append(len(self.ready))
+        super().worker_died(worker, version, restart)
+
+
+async def test_a_death_is_reported_before_its_restart_comes_up_however_long_its_node_check(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Were the restart up first, the core would see the start end before it began.
+    events = UpWatch()
+
+    def lingering(suspects: set[str]) -> set[str]:
+        events.up.wait(5)  # Ray's control plane, slow to answer: until a worker is up
+        return set()
+
+    monkeypatch.setattr(gpu_pool.ray_pool, "_lost_nodes", lingering)
+    monkeypatch.setattr(gpu_pool.ray_pool, "NODE_CHECK_S", 30.0)
+    async with ray_pool("sim", events=events) as (pool, _):
+        (first,) = events.ready
+        events.up.clear()
+        pool.kill(first)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        assert events.up_at_death == [1]  # its death came first
+        assert events.starts[events.ready[1]] == events.restarts[first]
+
+
 class DeathWatch(Events):
     """Also notes, at each death reported, the nodes of the workers the pool calls up."""
 
@@ -106,11 +175,11 @@ class DeathWatch(Events):
         self.pool: RayPool | None = None
         self.up_nodes: list[set[str]] = []
 
-    def worker_died(self, worker: WorkerId) -> None:
+    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         assert self.pool is not None
         self.up_nodes.append({w.node for w in self.pool.workers()
                               if w.state in ("ready", "busy")})
-        super().worker_died(worker)
+        super().worker_died(worker, version, restart)
 
 
 async def test_a_lost_nodes_actors_are_reported_dead_together(lab: Lab) -> None:
@@ -126,6 +195,7 @@ async def test_a_lost_nodes_actors_are_reported_dead_together(lab: Lab) -> None:
         await events.wait_for(lambda: len(events.died) == 2)
         assert all(lost not in up for up in events.up_nodes)
         assert {w.node for w in pool.workers() if w.state == "dead"} == {lost}
+        assert set(events.restarts.values()) == {None}  # `restart=False`: none starts again
         tg.cancel_scope.cancel()
     lab.add_node()  # the cluster as the other tests expect it
 
@@ -135,9 +205,9 @@ def test_a_lost_node_is_known_by_its_raylet_before_rays_verdict(lab: Lab) -> Non
     # default); a busy machine delays that verdict past the pool's node check.
     lost, kept = lab.worker_nodes()
     suspects = {lost, kept}  # the dead nodes of earlier tests aside
-    assert _lost_nodes(suspects) & suspects == set()
+    assert lost_nodes(suspects) & suspects == set()
     lab.remove_node(lost)
-    assert _lost_nodes(suspects) & suspects == {lost}  # at once, and the live one is not
+    assert lost_nodes(suspects) & suspects == {lost}  # at once, and the live one is not
 
 
 async def test_workers_beyond_the_clusters_room_wait_pending(lab: Lab) -> None:

@@ -21,6 +21,7 @@ from ray.exceptions import RayError
 
 from gpu_pool import CellIdentity, Load, PoolSettings, RayPoolSettings, WorkerId
 from gpu_pool.ray_pool import RayPool
+from tests.gpu_pool.test_pool import asked
 from tests.ray.lab import SLOT, Lab
 from tests.ray.test_ray_switch import actor_state, answer, running
 
@@ -70,12 +71,12 @@ async def test_actors_added_beyond_the_room_wait_pending_until_a_node_joins(lab:
         add_room(lab, added)
         pool = RayPool(settings(2, ROOM))
         async with running(pool, 2) as events:
-            for _ in range(3):
-                pool.add(SIM)
+            for n in range(1, 4):
+                pool.add(SIM, asked(n))
             with anyio.fail_after(30):  # it returns once the cluster is full
                 assert await pool.wait_ready(5, within=600) == 2
             assert pool.state_counts()["pending"] == 3
-            assert pool.cancel_start("default@v1")  # the newest: slot 4, never placed
+            assert pool.cancel_start(asked(3))  # slot 4's: never placed
             assert [w.slot for w in pool.workers()] == [0, 1, 2, 3]
             joined = add_room(lab, added)
             await events.wait_for(lambda: len(events.ready) == 4)
@@ -89,13 +90,24 @@ async def test_actors_added_beyond_the_room_wait_pending_until_a_node_joins(lab:
             assert events.died == [] and pool.crashes == 0 and pool.ready_count() == 3
 
 
+async def test_an_actor_added_comes_up_for_the_start_the_core_gave_and_stays(lab: Lab) -> None:
+    pool = RayPool(settings(1, SLOT))
+    async with running(pool, 1) as events:
+        pool.add(SIM, asked(1))
+        await events.wait_for(lambda: len(events.ready) == 2)
+        added = events.ready[1]
+        assert (events.starts[added], events.held[added]) == (asked(1), "default@v1")
+        assert not pool.cancel_start(asked(1))  # up: nothing to take back
+        assert pool.ready_count() == 2 and events.died == []
+
+
 async def test_a_successor_core_claims_neither_a_retired_actor_nor_an_added_ones(
     lab: Lab,
 ) -> None:
     cell = f"t{secrets.token_hex(3)}"
     first = RayPool(settings(2, SLOT, cell=CellIdentity(cell, 0)))
     async with running(first, 2) as events:
-        first.add(SIM)
+        first.add(SIM, asked(1))
         await events.wait_for(lambda: len(events.ready) == 3)
         (retired,) = [w for w in first.workers() if w.slot == 1]
         first.retire(WorkerId(retired.id))

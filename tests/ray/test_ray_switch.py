@@ -20,13 +20,14 @@ import ray
 
 from gpu_pool import BatchId, CellIdentity, Load, Ok, PoolSettings, RayPoolSettings, Run, WorkerId
 from gpu_pool.ray_pool import RayPool
-from tests.gpu_pool.test_pool import Events
+from tests.gpu_pool.test_pool import Events, asked
 from tests.ray.lab import SLOT, Lab
 
 pytestmark = pytest.mark.anyio
 V1 = Load("topics@v1", "tests.models_versions:v1")
 V2 = Load("topics@v2", "tests.models_versions:v2")
 CRASHES = Load("broken@v1", "tests.crash_on_import:batchstring")
+SWITCH = asked(1)  # the start of the one switch a test asks for
 
 
 def settings(*loads: Load, max_rss_mb: int | None = None, **kw: Any) -> RayPoolSettings:
@@ -69,7 +70,7 @@ def actor_state(pid: int | None) -> str:
 async def test_each_actor_starts_with_its_slots_version_and_answers_from_it(lab: Lab) -> None:
     pool = RayPool(settings(V1, V2))
     async with running(pool, 2) as events:
-        by_version = {pool.version_of(w): w for w in events.ready}
+        by_version = {events.version_of(w): w for w in events.ready}
         assert set(by_version) == {"topics@v1", "topics@v2"}
         assert await answer(pool, events, by_version["topics@v1"], "abc") == "v1:cba"
         assert await answer(pool, events, by_version["topics@v2"], "abc") == "v2:ABC"
@@ -84,12 +85,12 @@ async def test_an_idle_actor_switches_under_a_new_id_after_the_old_one_is_dead(
         (old,) = events.ready
         old_pid = pool.workers()[0].pid
         assert old_pid is not None
-        pool.switch(old, V2)
+        pool.switch(old, V2, SWITCH)
         assert pool.workers()[0].state == "switching"
         await events.wait_for(lambda: len(events.ready) == 2)
         new = events.ready[1]
-        assert new != old and pool.version_of(new) == "topics@v2"
-        assert pool.version_of(old) == "topics@v1"
+        assert new != old and events.version_of(new) == "topics@v2"
+        assert events.version_of(old) == "topics@v1"
         old_actor, new_actor = actor_record(old_pid), actor_record(pool.workers()[0].pid)
         assert old_actor["State"] == "DEAD" and new_actor["State"] == "ALIVE"
         assert old_actor["EndTime"] <= new_actor["StartTime"]  # dead before the new one began
@@ -98,15 +99,24 @@ async def test_an_idle_actor_switches_under_a_new_id_after_the_old_one_is_dead(
         assert await answer(pool, events, new, "abc") == "v2:ABC"
 
 
+async def test_the_switched_in_actor_is_up_for_the_start_the_core_gave(lab: Lab) -> None:
+    pool = RayPool(settings(V1))
+    async with running(pool, 1) as events:
+        pool.switch(events.ready[0], V2, SWITCH)
+        await events.wait_for(lambda: len(events.ready) == 2)
+        new = events.ready[1]
+        assert (events.starts[new], events.held[new]) == (SWITCH, "topics@v2")
+
+
 async def test_a_busy_actor_does_not_switch(lab: Lab) -> None:
     pool = RayPool(settings(Load("slow@v1", "sim", latency_floor=0.5)))
     async with running(pool, 1) as events:
         (worker,) = events.ready
         pool.send(worker, Run(BatchId(1), ("abc",)))
-        pool.switch(worker, V2)
+        pool.switch(worker, V2, SWITCH)
         assert pool.workers()[0].state == "busy" and pool.switches == 0
         await events.wait_for(lambda: events.replies)
-        assert events.ready == [worker] and pool.version_of(worker) == "slow@v1"
+        assert events.ready == [worker] and events.version_of(worker) == "slow@v1"
 
 
 async def test_a_new_version_that_crashes_at_load_is_a_death_and_restarts_holding_it(
@@ -115,13 +125,22 @@ async def test_a_new_version_that_crashes_at_load_is_a_death_and_restarts_holdin
     pool = RayPool(settings(V1))
     async with running(pool, 1) as events:
         (old,) = events.ready
-        pool.switch(old, CRASHES)
+        pool.switch(old, CRASHES, SWITCH)
         with anyio.fail_after(60):
             while pool.workers()[0].restarts < 2:
                 await events.changed.wait()
         assert old not in events.died and len(events.died) >= 1
-        assert all(pool.version_of(w) == "broken@v1" for w in events.died)
+        assert all(events.version_of(w) == "broken@v1" for w in events.died)
         assert pool.workers()[0].version == "broken@v1" and pool.ready_count() == 0
+
+
+async def test_a_switch_that_dies_while_loading_is_retried_under_its_start(lab: Lab) -> None:
+    pool = RayPool(settings(V1))
+    async with running(pool, 1) as events:
+        pool.switch(events.ready[0], CRASHES, SWITCH)
+        await events.wait_for(lambda: len(events.died) >= 2)
+        assert set(events.restarts.values()) == {SWITCH}
+        assert {events.lost[w] for w in events.died} == {"broken@v1"}
 
 
 @pytest.mark.parametrize("claimable", [True, False])
@@ -131,7 +150,7 @@ async def test_a_successor_core_claims_a_switched_actor_only_if_it_names_its_ver
     cell = f"t{secrets.token_hex(3)}"
     first = RayPool(settings(V1, cell=CellIdentity(cell, 0)))
     async with running(first, 1) as events:
-        first.switch(events.ready[0], V2)
+        first.switch(events.ready[0], V2, SWITCH)
         await events.wait_for(lambda: len(events.ready) == 2)
         switched_pid = first.workers()[0].pid
         first._slots[0].actor = None  # dies abruptly: its stop kills nothing
@@ -141,10 +160,10 @@ async def test_a_successor_core_claims_a_switched_actor_only_if_it_names_its_ver
         (worker,) = events.ready
         if claimable:  # attached: its version is the switched one, no load again
             assert second.attached == 1 and second.workers()[0].pid == switched_pid
-            assert second.version_of(worker) == "topics@v2"
+            assert events.version_of(worker) == "topics@v2"
             assert await answer(second, events, worker, "ab") == "v2:AB"
         else:  # replaced by one holding the slot's own version, the other one killed
-            assert second.attached == 0 and second.version_of(worker) == "topics@v1"
+            assert second.attached == 0 and events.version_of(worker) == "topics@v1"
             assert actor_state(switched_pid) == "DEAD"
             assert await answer(second, events, worker, "ab") == "v1:ba"
 
@@ -156,10 +175,10 @@ async def test_an_actor_being_replaced_for_its_memory_switches_too(lab: Lab) -> 
     async with running(pool, 1) as events:
         (worker,) = events.ready
         assert await answer(pool, events, worker, "a") == "a"
-        pool.switch(worker, V2)
+        pool.switch(worker, V2, SWITCH)
         assert pool.switches == 1
         await events.wait_for(lambda: len(events.ready) == 2)
         new = events.ready[1]
-        assert pool.version_of(new) == "topics@v2" and events.died == []
+        assert events.version_of(new) == "topics@v2" and events.died == []
         assert await answer(pool, events, new, "ab") == "v2:AB"
         assert pool.crashes == 0 and pool.workers()[0].restarts == 0

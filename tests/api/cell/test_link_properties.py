@@ -35,16 +35,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.cell import LinkServer
-from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, TierPolicy, load_keys
+from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, TierPolicy, Workers, load_keys
 from api.door import Service, build_door
 from api.errors import CoreUnavailable
 from api.gateway import RemoteCore, outcome_of
 from api.gateway.frames import Message
 from api.gateway.remote import _CoreConnection
-from api.http import Answered, Job, Outcome, Rendered, Routes, http_app
+from api.http import Answered, Job, Outcome, Rendered, Routes, StatusCall, http_app
 from api.metrics import Metrics
 from batcher import Tier
-from gpu_pool import Err, Ok, PoolEvents, Run, WorkerId
+from gpu_pool import DEFAULT_VERSION, Err, Ok, Origin, PoolEvents, Run, StartId, WorkerId
 from tests.fake_pools import ReportsWorkers
 
 ROOMY = 1e9
@@ -89,8 +89,8 @@ class HeldPool(ReportsWorkers):
     async def run(self, events: PoolEvents, *,
                   task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self._events = events
-        for _ in range(self.size):
-            self._start()
+        for index in range(self.size):
+            self._start(StartId(Origin.FIRST, index))
         task_status.started()
         await anyio.sleep_forever()
 
@@ -126,11 +126,11 @@ class HeldPool(ReportsWorkers):
     def crashes(self) -> int:
         return self.deaths
 
-    def _start(self) -> None:
+    def _start(self, start: StartId) -> None:
         assert self._events is not None
         worker = WorkerId(next(self._ids))
         self.held[worker] = None
-        self._events.worker_ready(worker)
+        self._events.worker_ready(worker, start, DEFAULT_VERSION)
 
     def _reply(self, worker: WorkerId, run: Run) -> None:
         if self.held.get(worker) is not run:
@@ -148,8 +148,9 @@ class HeldPool(ReportsWorkers):
             return
         assert self._events is not None
         self.deaths += 1
-        self._events.worker_died(worker)
-        self._start()
+        restart = StartId(Origin.RESTART, worker)
+        self._events.worker_died(worker, DEFAULT_VERSION, restart)
+        self._start(restart)
 
 
 class Tap(_CoreConnection):
@@ -211,10 +212,10 @@ async def cell(status: Callable[[], dict[str, Any]] | None = None
     """The core's parts in this process and a tapped gateway; on the way out the core
     drains, which ends only once every job it took is answered or withdrawn."""
     pool, metrics = HeldPool(2), Metrics()
-    settings = Settings(model="sim", workers=2, max_wait_ms=1, batch_latency_ms=1)
-    service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=tiers()),
-                                       metrics, pool=pool, cell=status)
-    server = LinkServer(door, service.clock, status)
+    settings = Settings(model="sim", workers=Workers(2), max_wait_ms=1, batch_latency_ms=1)
+    service, door, view, _ = build_door(settings, KeyRing({}, frozenset(), tiers=tiers()),
+                                     metrics, pool=pool, cell=status)
+    server = LinkServer(door, service.clock, view.table)
     with tempfile.TemporaryDirectory() as folder:
         path = str(Path(folder) / "link.sock")
         async with anyio.create_task_group() as tg:
@@ -349,7 +350,7 @@ async def play(story: list[Step], close_early: bool) -> tuple[Sent, Tap]:
                 elif isinstance(step, Die):
                     c.pool.die_busy()
                 elif isinstance(step, Settle):
-                    assert (await c.remote.ready())["ready"] is True
+                    assert (await c.remote.status(StatusCall.READY))["ready"] is True
                 else:
                     await c.tap.wait_until(lambda: all(
                         got.answers for rid, (job, got) in sent.jobs.items()
@@ -417,7 +418,7 @@ def test_every_job_of_a_gateway_is_settled_exactly_once(
 # -- the core's side owns its tasks ------------------------------------------------------------
 async def still_serving(c: Cell) -> None:
     """The link answers a status call and runs a job after what went before."""
-    assert (await c.remote.ready())["ready"] is True
+    assert (await c.remote.status(StatusCall.READY))["ready"] is True
     got = Got(c.tap)
     c.remote.submit(Job(CALLERS[0], ["after"], True, LONG_S), got)
     c.pool.auto = True
@@ -444,8 +445,8 @@ async def test_a_call_that_raises_is_answered_with_an_error_and_the_link_serves_
     async with cell(status=broken) as c:
         with anyio.fail_after(5):
             with pytest.raises(CoreUnavailable, match="RuntimeError in 'cell'"):
-                await c.remote.cell()
-            assert len(await c.remote.workers()) == 2
+                await c.remote.status(StatusCall.CELL)
+            assert len(await c.remote.status(StatusCall.WORKERS)) == 2
             await still_serving(c)
 
 

@@ -20,7 +20,7 @@ from api.config import DEFAULT_TIERS, Principal
 from api.http import Collation, Job
 from batcher import BatchgateError, Item, Tier
 from gpu_pool import DEFAULT_VERSION as ONE_VERSION
-from gpu_pool import Ok, PoolEvents, Run, WorkerId
+from gpu_pool import Ok, Origin, PoolEvents, Run, StartId, WorkerId
 from tests.fake_pools import ReportsWorkers
 
 WHO = Principal(Tier.PAID, "acme", "key-1")
@@ -67,9 +67,9 @@ class FakePool(ReportsWorkers):
             self._busy.clear()
 
     def bring_up(self) -> None:
-        """Start the workers (reported ready at once)."""
-        for _ in range(self.size):
-            self._start()
+        """Start the workers (reported ready at once), each for its slot's first start."""
+        for index in range(self.size):
+            self._start(StartId(Origin.FIRST, index))
 
     async def wait_ready(self, count: int, within: float) -> int:
         with anyio.move_on_after(within):
@@ -95,8 +95,9 @@ class FakePool(ReportsWorkers):
     def kill(self, worker: WorkerId) -> None:
         if self._busy.pop(worker, None) is not None:
             assert self._events is not None
-            self._events.worker_died(worker)
-            self._start()  # restarted under a new id
+            restart = StartId(Origin.RESTART, worker)
+            self._events.worker_died(worker, ONE_VERSION, restart)
+            self._start(restart)  # restarted under a new id
 
     def hold(self) -> None:
         """Batches sent from now on run until `release()`."""
@@ -114,11 +115,11 @@ class FakePool(ReportsWorkers):
     def crashes(self) -> int:
         return self._crashes
 
-    def _start(self) -> None:
+    def _start(self, start: StartId) -> None:
         assert self._events is not None
         worker = WorkerId(next(self._ids))
         self._busy[worker] = False
-        self._events.worker_ready(worker)
+        self._events.worker_ready(worker, start, ONE_VERSION)
         self._changed_now()
 
     async def _run_batch(self, worker: WorkerId, run: Run) -> None:

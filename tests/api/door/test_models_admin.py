@@ -5,6 +5,7 @@ SIGHUP's re-read of the file, which changes everything or nothing."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ WORKERS = 3
 
 
 class Admin:
-    """The admin API over a world of WORKERS workers, counting the owner's wake-ups."""
+    """The admin API over a world of WORKERS workers, counting the owner's turns taken for
+    a change (`CoreOwner.change`: the change applied with the turn's clock)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.world = World(parse_catalogue(FILE), WORKERS)
@@ -53,8 +55,9 @@ class Admin:
     def now(self) -> float:
         return self.world.now
 
-    def wake(self) -> None:
+    def wake(self, apply: Callable[[float], None]) -> None:
         self.woken += 1
+        apply(self.now())
 
     def call(self, method: str, name: str | None = None, version: str | None = None,
              body: Any = None) -> tuple[int, dict[str, Any]]:

@@ -11,7 +11,7 @@ import jsonschema
 import orjson
 import pytest
 
-from api.config import DEFAULT_TIERS, Settings
+from api.config import DEFAULT_TIERS, Settings, Workers
 from api.door import Service
 from api.door.models import ModelsAdmin
 from api.http import Limits, document
@@ -45,9 +45,10 @@ def valid(schema: dict[str, Any], value: Any) -> bool:
 def admin(tmp_path: Path) -> ModelsAdmin:
     """The admin API over a service of two models (its pool never started)."""
     (tmp_path / "models.toml").write_text(CATALOGUE)
-    service = Service(Settings(models=str(tmp_path / "models.toml"), workers=2), Metrics(),
+    service = Service(Settings(models=str(tmp_path / "models.toml"), workers=Workers(2)), Metrics(),
                       DEFAULT_TIERS, pool=FakePool(2))
-    return ModelsAdmin(service.models, service.clock, 2, None, lambda: None)
+    return ModelsAdmin(service.models, service.clock, 2, None,
+                       lambda apply: apply(service.clock.now()))
 
 
 def test_what_the_admin_api_shows_is_what_the_document_says(admin: ModelsAdmin) -> None:

@@ -23,7 +23,7 @@ from failover import BatchTimes, CoreActions, CoreSettings, HangSettings, build_
 from failover.core import DispatchCore
 from failover.errors import ModelLoading
 from failover.fleet.catalogue import Catalogue, split_key
-from failover.fleet.cores import ROLLOUT_TIMEOUT_S, ModelCores
+from failover.fleet.cores import ModelCores
 from failover.fleet.placement import (
     PlacementSettings,
     Switch,
@@ -31,16 +31,16 @@ from failover.fleet.placement import (
     VersionView,
     WorkerView,
 )
+from failover.fleet.versions import ROLLOUT_TIMEOUT_S
 from failover.hang import REFRESH
-from gpu_pool import Err, Ok, Run, WorkerId
+from gpu_pool import Err, Ok, Origin, Run, StartId, WorkerId
 
 MAX_BATCH = 4
 MAX_WAIT = 0.05
 LATENCY = 0.1
 HEDGE = 0.35
 HANG = 1.0
-PLACEMENT = PlacementSettings(batch_s=LATENCY, max_batch=MAX_BATCH, min_resident_s=1.0,
-                              min_resident_loads=2.0, cold_recent_s=0.5,
+PLACEMENT = PlacementSettings(min_resident_s=1.0, min_resident_loads=2.0, cold_recent_s=0.5,
                               deadline_slack_s=0.1)
 SETTINGS = CoreSettings(budgets={Tier.PAID: 0.6, Tier.FREE: 0.3},
                         policy=FlushPolicy(max_batch=MAX_BATCH, max_wait=MAX_WAIT),
@@ -67,6 +67,7 @@ class Slot:
     version: str
     state: str  # "loading", "up", "dead" (its death not yet reported)
     since: float  # up: when it became ready; loading: when its load began
+    start: StartId | None = None  # loading: the start it carries out
 
 
 @dataclass
@@ -139,17 +140,22 @@ class World:
         self.cores = ModelCores(self.catalogue, self.make_core, self.spy)
         self.spy.cores = self.cores
         self.spy.note()
-        for version in self.cores.initial(self.slots_n):
-            self.slots.append(Slot(self.new_worker(), version, "loading", 0.0))
+        initial = self.cores.initial(self.slots_n)  # up at once: no start to count
+        for index, version in enumerate(initial):
+            self.slots.append(self.first_slot(index, version))
         for slot in list(self.slots):
             self.ready(slot)
+
+    def first_slot(self, index: int, version: str) -> Slot:
+        """The pool's slot `index`, loading `version` for its first start."""
+        return Slot(self.new_worker(), version, "loading", 0.0, StartId(Origin.FIRST, index))
 
     def __repr__(self) -> str:
         return "World"  # items name it as their sink: keep hypothesis's reports short
 
     @staticmethod
     def make_core(version: str, catalogue: Catalogue) -> DispatchCore:
-        return build_core(SETTINGS, times=learned())
+        return build_core(SETTINGS, times=learned(), version=version)
 
     def new_worker(self) -> WorkerId:
         self.incarnations += 1
@@ -194,9 +200,10 @@ class World:
 
     def ready(self, slot: Slot) -> None:
         """A loading incarnation finished its load."""
-        assert slot.state == "loading"
+        assert slot.state == "loading" and slot.start is not None
+        start, slot.start = slot.start, None
         slot.state, slot.since = "up", self.now
-        self.perform(self.cores.worker_ready(slot.worker, self.now, slot.version))
+        self.perform(self.cores.worker_ready(slot.worker, self.now, start, slot.version))
 
     def load_failed(self, slot: Slot) -> None:
         """A loading incarnation died: reported (the cores never knew it), and the slot
@@ -204,7 +211,7 @@ class World:
         assert slot.state == "loading"
         dead = slot.worker
         slot.worker, slot.since = self.new_worker(), self.now
-        self.perform(self.cores.worker_died(dead, self.now))
+        self.perform(self.cores.worker_died(dead, self.now, slot.version, slot.start))
 
     def die(self, worker: WorkerId) -> None:
         """The incarnation is gone; the cores hear of it at `report_deaths`."""
@@ -219,12 +226,13 @@ class World:
             slot = self.slot_of(worker)
             assert slot is not None and slot.state == "dead"
             slot.worker, slot.state, slot.since = self.new_worker(), "loading", self.now
+            slot.start = StartId(Origin.RESTART, worker)
             flight = self.flights.pop(worker, None)
             flying = {i.id for f in self.flights.values() for i in f.items}
             for item in flight.items if flight is not None else ():
                 if item.id not in self.settled and not item.cancelled and item.id not in flying:
                     self.queued[item.id] = item
-            self.perform(self.cores.worker_died(worker, self.now))
+            self.perform(self.cores.worker_died(worker, self.now, slot.version, slot.start))
 
     def answer(self, worker: WorkerId, kind: str = "ok") -> None:
         """The worker's batch is answered: "ok", "error" (the model raised) or "short"."""
@@ -247,8 +255,8 @@ class World:
         for worker in actions.kill:
             assert worker in self.flights, "a worker with no batch was killed as hung"
             self.die(worker)
-        for worker, version in actions.switch:
-            self.switched(worker, version)
+        for worker, version, start in actions.switch:
+            self.switched(worker, version, start)
         for item, result in actions.settle:
             item.settle(result)
 
@@ -268,7 +276,7 @@ class World:
             self.queued.pop(item.id, None)
         self.flights[worker] = Flight(run, items, self.now, version)
 
-    def switched(self, worker: WorkerId, to: str) -> None:
+    def switched(self, worker: WorkerId, to: str, start: StartId) -> None:
         assert worker not in self.flights, "a busy worker was switched"
         assert to in self.cores.catalogue.versions(), f"switched to {to}, not live"
         slot = self.slot_of(worker)
@@ -288,7 +296,7 @@ class World:
             return  # the pool does nothing: the death is reported as usual
         self.switched_out.add(worker)
         slot.worker, slot.version, slot.state = self.new_worker(), to, "loading"
-        slot.since = self.now
+        slot.since, slot.start = self.now, start
 
     def load_s(self, version: str) -> float:
         """The load time placement weighs for `version`: measured, else the hint."""

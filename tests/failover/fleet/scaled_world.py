@@ -2,21 +2,20 @@
 `Capacity`, and a fake pool that carries out `grow`, `retire` and `cancel_start` as the real
 pools promise (`gpu_pool.seam.Pool`), checking each as it goes.
 
-The pool: `add(load)` appends a slot loading that version, ready after its load time; a
-load that fails is reported dead (with its version) and the slot loads it again after the
-rule's backoff. `retire(worker)` removes the slot of an idle live incarnation and reports
-nothing of it; of a dead one (its death not reported yet) it does nothing: the death is
-reported as usual and the slot starts again. `cancel_start(version)` removes the newest slot
-of that version loading a start (an add, or a restart after a reported death; never a
-switch's load) and reports nothing; with none it does nothing.
+The pool: `add(load, start)` appends a slot loading that version for that start, ready
+after its load time; a load that fails is reported dead (with its version and the same
+start) and the slot loads it again after the pool's backoff. `retire(worker)` removes the
+slot of an idle live incarnation and reports nothing of it; of a dead one (its death not
+reported yet) it does nothing: the death is reported as usual and the slot starts again.
+`cancel_start(start)` removes the slot loading that start (an add, or a restart after a
+reported death; never a switch's load) and reports nothing; with none it does nothing.
 
-What the world expects the rule to count: each start it carried out (added or restarted
-slot), with its ETA as the rule's contract says: asked at t, up at t + the version's load
-time; a failure (of the oldest start of its version: the pool does not say which) moves it
-to now + backoff + load time; up takes the oldest, a cancel the newest. `check_capacity`
-holds the cores to that: each version's `DispatchCore.joining` lists exactly those ETAs not
-overdue by more than a start-up, sorted; every start slot is counted once; the pool stays
-within its bounds.
+What the world expects the cores to count, start by start (each event names its start):
+each start it carried out (added or restarted slot), with its ETA as the ledger's contract
+says: asked at t, up at t + the version's load time; a failure moves it to now + backoff +
+load time. `check_capacity` holds the cores to that: each version's `DispatchCore.joining`
+lists exactly those ETAs not overdue by more than a start-up, sorted; every start slot is
+counted once; the pool stays within its bounds.
 """
 
 from __future__ import annotations
@@ -25,15 +24,17 @@ import math
 from dataclasses import dataclass, field, replace
 
 from batcher import BatchgateError, Item, RateMeter, Tier
+from batcher.shared import Backoff
 from failover import CoreActions, CoreSettings, build_core
 from failover.core import DispatchCore
 from failover.errors import ModelLoading, UnknownModel
 from failover.fleet import Decision, Scaler, ScalerSettings
-from failover.fleet.capacity import LATE_SHARE, STEP_S, Capacity
+from failover.fleet.capacity import STEP_S, Capacity
 from failover.fleet.catalogue import Catalogue, split_key
 from failover.fleet.cores import ModelCores
+from failover.fleet.ledger import LATE_SHARE
 from failover.fleet.placement import SwitchCost
-from gpu_pool import Run, WorkerId
+from gpu_pool import Origin, Run, StartId, WorkerId
 from tests.failover.fleet.driver import (
     LATENCY,
     MAX_BATCH,
@@ -48,6 +49,7 @@ from tests.failover.fleet.driver import (
 CAPACITY = MAX_BATCH / LATENCY  # items/s one worker drains at full batches
 SCALED = replace(SETTINGS, queue_capacity=400)  # a queue that a step of load can fill
 TOLERANCE = 1e-9
+BACKOFF = Backoff(first=0.5, cap=4.0)  # the pool's: a start that dies loading waits it out
 
 
 def scaling(min_workers: int = 1, max_workers: int = 4, **kw: float) -> ScalerSettings:
@@ -55,13 +57,13 @@ def scaling(min_workers: int = 1, max_workers: int = 4, **kw: float) -> ScalerSe
     to walk through them."""
     values: dict[str, float] = {
         "short_window_s": 1.0, "long_window_s": 5.0, "scale_down_delay_s": 10.0,
-        "down_step_s": 2.0, "backoff_first_s": 0.5, "backoff_cap_s": 4.0, **kw}
-    return ScalerSettings(min_workers, max_workers, capacity=CAPACITY, **values)
+        "down_step_s": 2.0, **kw}
+    return ScalerSettings(min_workers, max_workers, **values)
 
 
-def backoff(settings: ScalerSettings, failures: int) -> float:
-    """The rule's retry delay after `failures` failed attempts (its documented contract)."""
-    return min(settings.backoff_cap_s, settings.backoff_first_s * 2.0 ** (failures - 1))
+def backoff(failures: int) -> float:
+    """The pool's retry delay after `failures` failed attempts (its documented contract)."""
+    return BACKOFF.delay(failures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +84,16 @@ class Recording(Scaler):
         super().__init__(settings)
         self.decided: list[Decided] = []
 
-    def decide(self, now: float, running: int, queued: int, start_s: float) -> Decision:
-        decision = super().decide(now, running, queued, start_s)
+    def decide(self, now: float, running: int, starting: int, queued: int, start_s: float,
+               capacity: float) -> Decision:
+        decision = super().decide(now, running, starting, queued, start_s, capacity)
         self.decided.append(Decided(now, running, queued, start_s, decision))
         return decision
 
 
 @dataclass
 class ScaledSlot(Slot):
-    start: bool = False  # loading a start the rule counts (an add or a restart), not a switch
+    counted: bool = False  # loading a start the rule counts (an add or a restart), not a switch
     failures: int = 0  # failed loads of this start
     ready_at: float = 0.0  # when its load is done, in a healthy pool
 
@@ -110,12 +113,13 @@ class ScaledWorld(World):
     """`ModelCores` with a `Capacity` over `slots_n` workers to start with."""
 
     scaling: ScalerSettings = field(default_factory=scaling)
+    backoff: Backoff = BACKOFF  # the pool's
     core_settings: CoreSettings = SCALED
-    expected: list[Expected] = field(default_factory=list)  # in the order asked for
+    expected: dict[StartId, Expected] = field(default_factory=dict)  # in the order asked for
     retired: set[WorkerId] = field(default_factory=set)
     grown: list[tuple[float, str]] = field(default_factory=list)
     retirements: list[tuple[float, WorkerId, str]] = field(default_factory=list)
-    cancels: list[tuple[float, str]] = field(default_factory=list)
+    cancels: list[tuple[float, str]] = field(default_factory=list)  # (when, its version)
     refusals: list[tuple[float, Tier, BatchgateError]] = field(default_factory=list)
     made: dict[str, DispatchCore] = field(default_factory=dict)  # each version's newest core
     paid_rates: dict[str, RateMeter] = field(default_factory=dict)  # admitted paid, by version
@@ -125,16 +129,22 @@ class ScaledWorld(World):
         self.scaler = Recording(self.scaling)
         self.capacity = Capacity(self.scaler)
         self.spy = Spy(SwitchCost(PLACEMENT))
-        self.cores = ModelCores(self.catalogue, self.new_core, self.spy, self.capacity)
+        self.cores = ModelCores(self.catalogue, self.new_core, self.spy, self.capacity,
+                                self.backoff)
         self.spy.cores = self.cores
         self.spy.note()
-        for version in self.cores.initial(self.slots_n):
-            self.slots.append(ScaledSlot(self.new_worker(), version, "loading", 0.0))
+        initial = self.cores.initial(self.slots_n)  # up at once: no start to count
+        for index, version in enumerate(initial):
+            self.slots.append(self.first_slot(index, version))
         for slot in list(self.slots):
             self.ready(slot)
 
+    def first_slot(self, index: int, version: str) -> Slot:
+        return ScaledSlot(self.new_worker(), version, "loading", 0.0,
+                          StartId(Origin.FIRST, index))
+
     def new_core(self, version: str, catalogue: Catalogue) -> DispatchCore:
-        core = build_core(self.core_settings, times=learned())
+        core = build_core(self.core_settings, times=learned(), version=version)
         self.made[version] = core
         return core
 
@@ -146,9 +156,10 @@ class ScaledWorld(World):
     # -- the pool's events ---------------------------------------------------------------
     def ready(self, slot: Slot) -> None:
         assert isinstance(slot, ScaledSlot)
-        if slot.start and slot.state == "loading":
-            self.expected.remove(self.oldest(slot.version))
-            slot.start, slot.failures = False, 0
+        if slot.counted and slot.state == "loading":
+            assert slot.start is not None
+            del self.expected[slot.start]
+            slot.counted, slot.failures = False, 0
         super().ready(slot)
 
     def load_failed(self, slot: Slot) -> None:
@@ -158,13 +169,14 @@ class ScaledWorld(World):
         dead, load_s = slot.worker, self.load_s(slot.version)
         slot.worker, slot.since = self.new_worker(), self.now
         slot.ready_at = self.now + self.hint(slot.version)
-        if slot.start:
+        if slot.counted:
+            assert slot.start is not None
             slot.failures += 1
-            slot.ready_at += backoff(self.scaling, slot.failures)
-            first = self.oldest(slot.version)
-            first.failures += 1
-            first.eta = self.now + backoff(self.scaling, first.failures) + load_s
-        self.perform(self.cores.worker_died(dead, self.now, slot.version))
+            slot.ready_at += self.backoff.delay(slot.failures)
+            mine = self.expected[slot.start]
+            mine.failures += 1
+            mine.eta = self.now + self.backoff.delay(mine.failures) + load_s
+        self.perform(self.cores.worker_died(dead, self.now, slot.version, slot.start))
 
     def report_deaths(self) -> None:
         """As the driver's, with each death's version, and its slot's restart a start."""
@@ -173,46 +185,47 @@ class ScaledWorld(World):
             slot = self.slot_of(worker)
             assert isinstance(slot, ScaledSlot) and slot.state == "dead"
             slot.worker, slot.state, slot.since = self.new_worker(), "loading", self.now
-            slot.start, slot.failures = True, 0
+            slot.start, slot.counted, slot.failures = StartId(Origin.RESTART, worker), True, 0
             slot.ready_at = self.now + self.hint(slot.version)
-            self.expected.append(Expected(slot.version, self.now,
-                                          self.now + self.load_s(slot.version)))
+            self.expected[slot.start] = Expected(slot.version, self.now,
+                                                 self.now + self.load_s(slot.version))
             flight = self.flights.pop(worker, None)
             flying = {i.id for f in self.flights.values() for i in f.items}
             for item in flight.items if flight is not None else ():
                 if item.id not in self.settled and not item.cancelled and item.id not in flying:
                     self.queued[item.id] = item
-            self.perform(self.cores.worker_died(worker, self.now, slot.version))
+            self.perform(self.cores.worker_died(worker, self.now, slot.version, slot.start))
 
     # -- carrying out the cores' actions ---------------------------------------------------
     def perform(self, actions: CoreActions) -> None:
         super().perform(actions)
-        for version in actions.grow:
-            self.add(version)
+        for version, start in actions.grow:
+            self.add(version, start)
         for worker in actions.retire:
             self.retire(worker)
-        for version in actions.cancel_start:
-            self.cancel_start(version)
+        for start in actions.cancel_start:
+            self.cancel_start(start)
 
     def sent(self, worker: WorkerId, run: Run, version: str, group: bool) -> None:
         assert worker not in self.retired, f"a batch went to retired worker {worker}"
         super().sent(worker, run, version, group)
 
-    def switched(self, worker: WorkerId, to: str) -> None:
+    def switched(self, worker: WorkerId, to: str, start: StartId) -> None:
         assert worker not in self.retired, f"retired worker {worker} was switched"
         slot = self.slot_of(worker)
-        super().switched(worker, to)
+        super().switched(worker, to, start)
         if isinstance(slot, ScaledSlot) and slot.state == "loading":  # a switch's load
-            slot.start, slot.failures = False, 0
+            slot.counted, slot.failures = False, 0
             slot.ready_at = self.now + self.hint(to)
 
-    def add(self, version: str) -> None:
-        """`Pool.add`: a new slot loading `version`."""
+    def add(self, version: str, start: StartId) -> None:
+        """`Pool.add`: a new slot loading `version` for `start`."""
         assert version in self.cores.catalogue.versions(), f"grew {version}, not live"
+        assert start not in self.expected, f"start {start} asked for twice"
         self.grown.append((self.now, version))
-        self.slots.append(ScaledSlot(self.new_worker(), version, "loading", self.now,
-                                     start=True, ready_at=self.now + self.hint(version)))
-        self.expected.append(Expected(version, self.now, self.now + self.load_s(version)))
+        self.slots.append(ScaledSlot(self.new_worker(), version, "loading", self.now, start,
+                                     counted=True, ready_at=self.now + self.hint(version)))
+        self.expected[start] = Expected(version, self.now, self.now + self.load_s(version))
         assert len(self.slots) <= self.scaling.max_workers, (
             f"grew to {len(self.slots)} slots, max {self.scaling.max_workers}")
         model = self.cores.catalogue.models[split_key(version)[0]]
@@ -233,18 +246,17 @@ class ScaledWorld(World):
             self.slots.remove(slot)
             self.check_floor(slot.version, "retired")
 
-    def cancel_start(self, version: str) -> bool:
-        """`Pool.cancel_start`: the newest slot of `version` loading a start leaves."""
-        self.cancels.append((self.now, version))
-        starts = [s for s in self.slots if isinstance(s, ScaledSlot) and s.start
-                  and s.state == "loading" and s.version == version]
-        mine = [e for e in self.expected if e.version == version]
-        if mine:  # the rule takes back the start of the version asked for last
-            self.expected.remove(mine[-1])
-        if not starts:
+    def cancel_start(self, start: StartId) -> bool:
+        """`Pool.cancel_start`: the slot loading `start` leaves."""
+        assert start in self.expected, f"took back {start}, which the pool never started"
+        self.cancels.append((self.now, self.expected[start].version))
+        slot = next((s for s in self.slots if isinstance(s, ScaledSlot) and s.counted
+                     and s.state == "loading" and s.start == start), None)
+        if slot is None:
             return False
-        self.slots.remove(starts[-1])
-        self.check_floor(version, "took back a start of")
+        del self.expected[start]
+        self.slots.remove(slot)
+        self.check_floor(slot.version, "took back a start of")
         return True
 
     # -- the door ------------------------------------------------------------------------
@@ -307,17 +319,12 @@ class ScaledWorld(World):
         self.time_out_waiters()
 
     # -- reading -------------------------------------------------------------------------
-    def oldest(self, version: str) -> Expected:
-        first = next((e for e in self.expected if e.version == version), None)
-        assert first is not None, f"no start of {version} expected"
-        return first
-
     def on_model(self, model: str) -> int:
         """Slots holding or loading a version of `model`."""
         return sum(split_key(s.version)[0] == model for s in self.slots)
 
     def starting(self, version: str) -> int:
-        return sum(isinstance(s, ScaledSlot) and s.start and s.state == "loading"
+        return sum(isinstance(s, ScaledSlot) and s.counted and s.state == "loading"
                    and s.version == version for s in self.slots)
 
     # -- checks --------------------------------------------------------------------------
@@ -337,9 +344,12 @@ class ScaledWorld(World):
         s = self.scaling
         assert len(self.slots) <= s.max_workers, f"{len(self.slots)} slots > {s.max_workers}"
         assert len(self.slots) >= s.min_workers, f"{len(self.slots)} slots < {s.min_workers}"
-        counted = [st.version for st in self.scaler.starting()]
+        counted = [st.version for st in self.cores.starts()]
+        assert {st.id for st in self.cores.starts()} == set(self.expected), (
+            f"the ledger counts {[st.id for st in self.cores.starts()]}, the pool carries "
+            f"out {list(self.expected)}")
         for version in {sl.version for sl in self.slots} | set(counted):
-            mine = sum(e.version == version for e in self.expected)
+            mine = sum(e.version == version for e in self.expected.values())
             assert self.starting(version) == mine == counted.count(version), (
                 f"{version}: {self.starting(version)} start slots loading, "
                 f"{mine} expected, {counted.count(version)} counted by the rule")
@@ -351,7 +361,7 @@ class ScaledWorld(World):
         start-up, sorted. It is refreshed on every event and each STEP_S: one that went
         overdue since may still be there (the oldest, then)."""
         start_s = self.load_s(version)
-        etas = sorted(e.eta for e in self.expected if e.version == version)
+        etas = sorted(e.eta for e in self.expected.values() if e.version == version)
         due = [t for t in etas if self.now <= t + start_s]
         stale = [t for t in etas if t + start_s < self.now <= t + start_s + STEP_S]
         got = list(self.made[version].joining)

@@ -29,6 +29,7 @@ from failover.fleet.catalogue import Catalogue
 from gpu_pool import WorkerId
 from tests.failover.fleet.driver import LATENCY, MAX_BATCH
 from tests.failover.fleet.scaled_world import (
+    BACKOFF,
     CAPACITY,
     SCALED,
     ScaledSlot,
@@ -183,7 +184,7 @@ def test_a_start_still_on_its_way_is_taken_back_before_a_worker_leaves() -> None
     downs = [d.now for d in w.scaler.decided if d.decision.down]
     assert [t for t, _ in w.cancels] == downs and downs[-1] < 11.0 + 30.0
     assert len(w.slots) == w.resident(V) == 1 and w.made[V].joining == ()
-    assert w.scaler.starting() == ()
+    assert tuple(w.cores.starts()) == ()
 
 
 def test_when_the_pool_shrinks_a_restart_pending_goes_before_a_serving_worker() -> None:
@@ -215,7 +216,7 @@ def test_a_worker_lost_while_serving_is_restarted_not_replaced_twice() -> None:
     eta = w.now + LOAD_S
     assert w.made[V].joining == (eta,)
     w.offer(eta - 0.01, free=30, paid=10)
-    assert w.grown == [] and [s.eta for s in w.scaler.starting()] == [eta]
+    assert w.grown == [] and [s.eta for s in tuple(w.cores.starts())] == [eta]
     w.offer(eta + 3.0, free=30, paid=10)
     assert w.grown == [] and len(w.slots) == w.resident(V) == 2
     assert w.made[V].joining == ()
@@ -223,19 +224,19 @@ def test_a_worker_lost_while_serving_is_restarted_not_replaced_twice() -> None:
 
 def test_a_failed_start_is_retried_after_the_backoff_and_its_eta_moves_out() -> None:
     w = stepped()
-    slot = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.start)
+    slot = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.counted)
     for failures in (1, 2, 3):
         w.run(w.now + 0.25)
         w.load_failed(slot)
-        eta = w.now + backoff(RULE, failures) + LOAD_S
+        eta = w.now + backoff(failures) + LOAD_S
         assert max(w.made[V].joining) == pytest.approx(eta)
-        assert w.scaler.starting()[-1].failures == failures
-    assert backoff(RULE, 3) == 4 * RULE.backoff_first_s
+        assert tuple(w.cores.starts())[-1].failures == failures
+    assert backoff(3) == 4 * BACKOFF.first
     w.offer(eta - 0.01, free=90, paid=30)
     assert w.grown == [(11.0, V)] * 3, "a failed start asks for no second worker"
     assert slot.state == "loading"
     w.offer(eta + 0.5, free=90, paid=30)
-    assert slot.state == "up" and w.scaler.starting() == ()
+    assert slot.state == "up" and tuple(w.cores.starts()) == ()
 
 
 # -- two models ----------------------------------------------------------------------------
@@ -341,10 +342,10 @@ def test_a_restart_and_a_switch_of_one_version_are_each_counted_once() -> None:
     w.offer(2.0, free=0, paid=40, model="b")
     w.run(w.now + 3.0)
     switch = next(s for s in w.slots if s.state == "loading")
-    assert switch.version == "a@v1" and not (isinstance(switch, ScaledSlot) and switch.start)
+    assert switch.version == "a@v1" and not (isinstance(switch, ScaledSlot) and switch.counted)
     w.die(WorkerId(1))  # a's worker dies: its slot restarts a while the switch loads it
     w.report_deaths()
-    restart = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.start)
-    w.ready(restart)  # the pool does not say which load it ends: the switch's, begun first
+    restart = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.counted)
+    w.ready(restart)  # each ready names the start it ends: the restart's, not the switch's
     w.ready(switch)
     w.check_capacity()  # once both are up, each counted once

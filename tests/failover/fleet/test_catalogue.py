@@ -24,7 +24,7 @@ from failover.fleet.catalogue import (
     Catalogue,
     CatalogueError,
     ModelConfig,
-    UnknownModel,
+    NotInCatalogue,
     VersionConfig,
     choose,
     key,
@@ -162,7 +162,7 @@ def test_an_invalid_file_says_what_is_wrong(text: str, message: str) -> None:
 
 def test_a_catalogue_error_is_a_value_error() -> None:
     assert issubclass(CatalogueError, ValueError)
-    assert issubclass(UnknownModel, LookupError)
+    assert issubclass(NotInCatalogue, LookupError)
 
 
 def test_a_missing_file_is_a_catalogue_error_naming_it(tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ def test_split_key_refuses_what_is_not_a_key(bad: str) -> None:
 def test_config_of_gives_the_model_and_version() -> None:
     model, version = catalogue().config_of("topics@v2")
     assert (model.name, version.spec) == ("topics", "mypkg.topics_v2:batchstring")
-    with pytest.raises(UnknownModel):
+    with pytest.raises(NotInCatalogue):
         catalogue().config_of("topics@v9")
 
 
@@ -262,7 +262,7 @@ def test_a_named_version_is_served_as_named() -> None:
     ("x" * 10_000, "model 'xxxxxxxx"),
 ])
 def test_an_unknown_model_or_version_is_refused(requested: str, message: str) -> None:
-    with pytest.raises(UnknownModel) as caught:
+    with pytest.raises(NotInCatalogue) as caught:
         catalogue().resolve(requested, "k")
     assert str(caught.value).startswith(message)
     assert len(str(caught.value)) < 200
@@ -270,7 +270,7 @@ def test_an_unknown_model_or_version_is_refused(requested: str, message: str) ->
 
 def test_a_retired_version_is_refused_by_name() -> None:
     retired = catalogue().retire("topics", "v2")
-    with pytest.raises(UnknownModel, match="no live version 'v2'"):
+    with pytest.raises(NotInCatalogue, match="no live version 'v2'"):
         retired.resolve("topics@v2")
 
 
@@ -375,9 +375,9 @@ def test_the_last_live_version_cannot_be_retired() -> None:
 
 
 def test_retiring_an_unknown_version_is_unknown() -> None:
-    with pytest.raises(UnknownModel):
+    with pytest.raises(NotInCatalogue):
         catalogue().retire("topics", "v9")
-    with pytest.raises(UnknownModel):
+    with pytest.raises(NotInCatalogue):
         catalogue().retire("nope", "v1")
 
 
@@ -418,7 +418,7 @@ def test_a_retired_version_cannot_become_the_default_or_take_weight() -> None:
 
 
 def test_with_settings_of_an_unknown_model_is_unknown() -> None:
-    with pytest.raises(UnknownModel, match="'nope' is not served"):
+    with pytest.raises(NotInCatalogue, match="'nope' is not served"):
         catalogue().with_settings("nope", min_workers=0)
 
 

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from batcher import BatchgateError, Item, Tier
 from failover.errors import ModelLoading, UnknownModel
 from failover.fleet.catalogue import Catalogue, CatalogueError, split_key
-from failover.fleet.cores import ROLLOUT_TIMEOUT_S
+from failover.fleet.versions import ROLLOUT_TIMEOUT_S
 from tests.failover.fleet.driver import MAX_WAIT, World, finite_positive
 
 

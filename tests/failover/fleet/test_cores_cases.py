@@ -13,7 +13,7 @@ import pytest
 from batcher import Tier
 from failover.errors import ModelLoading, UnknownModel
 from failover.fleet.catalogue import Catalogue
-from failover.fleet.cores import ROLLOUT_TIMEOUT_S
+from failover.fleet.versions import ROLLOUT_TIMEOUT_S
 from tests.failover.fleet.driver import PLACEMENT, World, output
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batcher import Throughput
 from failover.fleet.placement import (
     REASONS,
     LruOnDemand,
@@ -21,11 +22,16 @@ from failover.fleet.placement import (
     WorkerView,
     initial_placement,
     load_eta,
+    queued_batches,
 )
 from gpu_pool import WorkerId
 
 NOW = 1_000.0
 S = PlacementSettings()
+CONTRACT = Throughput(batch_items=100, batch_s=0.1)  # what a core measures of the contract
+# Measured throughputs the random views draw from: the contract's, slower and faster
+# batches, and long inputs that fill a batch by its characters.
+MEASURED = [CONTRACT, Throughput(100, 0.3), Throughput(100, 0.025), Throughput(12.5, 0.15)]
 RESIDENT = S.min_resident(2.0)  # residency of a 2 s load
 
 
@@ -33,8 +39,8 @@ def version(key: str, **kw: object) -> VersionView:
     model = key.split("@")[0]
     base = VersionView(version=key, model=model, queued=0, paid=0, oldest=math.inf,
                        oldest_deadline=math.inf, rate=0.0, last_arrival=NOW - 60, loading=0,
-                       load_s=2.0, min_workers=0, max_workers=None, idle_unload_s=600.0,
-                       retired=False)
+                       load_s=2.0, throughput=CONTRACT, min_workers=0, max_workers=None,
+                       idle_unload_s=600.0, retired=False)
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -69,6 +75,7 @@ def views(draw: st.DrawFn) -> tuple[list[WorkerView], list[VersionView]]:
                 rate=draw(st.sampled_from([0.0, 5.0, 300.0, 900.0, 1_600.0, 3_000.0])),
                 last_arrival=draw(st.sampled_from([-math.inf, NOW - 700, NOW - 30, NOW - 0.5])),
                 loading=draw(st.integers(0, 1)), load_s=draw(st.sampled_from([0.5, 2.0, 8.0])),
+                throughput=draw(st.sampled_from(MEASURED)),
                 min_workers=lo, max_workers=hi, idle_unload_s=idle_unload,
                 retired=draw(st.booleans()) and v > 0, wanted=draw(st.booleans()) or v == 0))
     workers = [WorkerView(WorkerId(i + 1), draw(st.sampled_from(out)).version, draw(st.booleans()),
@@ -99,7 +106,7 @@ def check_rules(workers: list[WorkerView], versions: list[VersionView],
     holding = Counter(w.version for w in workers)
     for key, left in Counter(held[s.worker].version for s in switches).items():
         # the workers that stay take the batches still waiting there
-        assert holding[key] - left >= math.ceil(by_key[key].queued / S.max_batch)
+        assert holding[key] - left >= queued_batches(by_key[key])
     resident = Counter(model_of(w.version) for w in workers)
     out = Counter(model_of(held[s.worker].version) for s in switches)
     for m in {v.model for v in versions}:
@@ -186,7 +193,8 @@ def test_demand_and_cold_switches_are_justified(
         to = by_key[s.to]
         horizon = S.horizon_loads * to.load_s
         if s.reason == "demand":  # the work over the horizon pays for the load
-            excess = to.queued / S.capacity + (to.rate / S.capacity - resident[s.to]) * horizon
+            cap = to.throughput.per_worker  # measured, per version
+            excess = to.queued / cap + (to.rate / cap - resident[s.to]) * horizon
             assert resident[s.to] >= 1 and excess >= S.factor * to.load_s
         if s.reason == "cold":  # nobody holds it, and someone asks for it
             assert resident[s.to] == 0
@@ -277,6 +285,15 @@ def test_demand_below_the_control_limit_switches_nothing() -> None:
     assert SwitchCost().decide(NOW, ws, vs) == []
     over = [waiting("a@v1", 150, rate=1_300.0), vs[1]]
     assert SwitchCost().decide(NOW, ws, over) == [Switch(WorkerId(2), "a@v1", "demand")]
+
+
+def test_the_control_limit_reads_each_versions_measured_throughput() -> None:
+    # 600/s is 0.6 of a worker at the contract's batches, 1.8 at 300 ms batches.
+    ws = [worker(1, "a@v1", idle=False), worker(2, "b@v1"), worker(3, "b@v1", idle=False)]
+    fast = [version("a@v1", rate=600.0), version("b@v1", rate=10.0)]
+    assert SwitchCost().decide(NOW, ws, fast) == []
+    slow = [replace(fast[0], throughput=Throughput(100, 0.3)), fast[1]]
+    assert SwitchCost().decide(NOW, ws, slow) == [Switch(WorkerId(2), "a@v1", "demand")]
 
 
 def test_a_queue_whose_tail_would_miss_its_deadline_gets_a_worker() -> None:

@@ -1,0 +1,77 @@
+"""Which version's core a request's items go to, when several serve: the items of one
+version go to its core; a version with no worker up counts the workers loading it as ready,
+so that its requests are queued, not refused; a cold version whose load the request's
+deadline cannot wait for refuses it (`ModelLoading`, with the load's ETA as its
+Retry-After), and until then the refusal asks placement for the load, as an arrival would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from batcher import BatchgateError, Item
+from failover import DispatchCore, ModelLoading, Refusal, UnknownModel
+from failover.fleet.placing import Placing
+from failover.fleet.residency import Residency
+from failover.fleet.versions import Versions
+
+
+class Routing:
+    def __init__(self, versions: Versions, residency: Residency, placing: Placing,
+                 cores: dict[str, DispatchCore]) -> None:
+        """`cores`: the composite's, by version (read only)."""
+        self._versions = versions
+        self._residency = residency
+        self._placing = placing
+        self._cores = cores
+
+    def admit(self, items: list[Item], deadline_in: float, now: float, draining: bool
+              ) -> bool:
+        core, arriving = self._core_for(items, deadline_in, now, draining)
+        return core.admit(items, deadline_in, now, arriving) or arriving > 0
+
+    def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float,
+                  draining: bool) -> tuple[list[Refusal | None], bool]:
+        """Each version's requests admitted by its core at once."""
+        refusals: list[Refusal | None] = [None] * len(requests)
+        by_version: dict[str, list[int]] = {}
+        for at, (items, _) in enumerate(requests):
+            by_version.setdefault(items[0].version, []).append(at)
+        turn = False
+        for where in by_version.values():
+            first = requests[where[0]]
+            try:
+                core, arriving = self._core_for(first[0], first[1], now, draining)
+            except BatchgateError as exc:
+                for at in where:
+                    refusals[at] = exc
+                turn = turn or isinstance(exc, ModelLoading)  # placement may start a load
+                continue
+            said, must = core.admit_all([requests[at] for at in where], now, arriving)
+            for at, refusal in zip(where, said, strict=True):
+                refusals[at] = refusal
+            turn = turn or must or arriving > 0
+        return refusals, turn
+
+    def _core_for(self, items: list[Item], deadline_in: float, now: float, draining: bool
+                  ) -> tuple[DispatchCore, int]:
+        """The core of the items' version and its workers on their way while it has none
+        up, or the refusal: not served, or cold past the request's deadline."""
+        versions = self._versions
+        version = items[0].version or versions.first_version()  # "": the first model's
+        core = self._cores.get(version)
+        if core is None or not versions.live(version):
+            raise UnknownModel(f"model version {version!r} is not served")
+        versions.arrived(version, now)
+        if core.ready_count() or draining:
+            return core, 0
+        eta = self._placing.eta(version, now)
+        if eta > deadline_in:  # until then the refusal asks for the load, as an arrival
+            versions.promise(version, now + eta)
+            raise ModelLoading(
+                f"{version} is loading (about {eta:.1f} s), past the request's deadline",
+                retry_after=eta)
+        return core, max(1, self._residency.loading(version))
+
+
+__all__ = ["Routing"]

@@ -1,0 +1,156 @@
+"""Which version a request gets, and how a model's new default takes over (rollouts).
+
+The catalogue says what may be served and how a request chooses (`Catalogue.resolve`);
+this adds what serving changes: a model's new default takes effect for requests naming no
+version and carrying no weights once it is resident on as many workers as the old, or
+after `ROLLOUT_TIMEOUT_S` (the composite core asks, `rolled`, and makes the switches).
+It also keeps who asked for a version lately: its last arrival, and the Retry-After a
+refused request was told while the version was cold (until then the refusal asks for the
+load, as an arrival would).
+"""
+
+from __future__ import annotations
+
+import math
+
+from failover import UnknownModel
+from failover.fleet.catalogue import Catalogue, split_key
+
+ROLLOUT_TIMEOUT_S = 300.0  # a new default takes effect after this even if not yet resident
+
+
+class Versions:
+    def __init__(self, catalogue: Catalogue) -> None:
+        self._effective: dict[str, str] = {}  # model -> the default requests get now
+        self._rollout_since: dict[str, float] = {}
+        self._last_arrival: dict[str, float] = {}
+        self._promised: dict[str, float] = {}  # cold versions: the Retry-After told, until
+        self.catalogue = catalogue
+        self._live: frozenset[str] = frozenset()
+        self._only: str | None = None
+        self.change(catalogue, 0.0)
+
+    def change(self, catalogue: Catalogue, now: float, known: frozenset[str] = frozenset()
+               ) -> None:
+        """Serve `catalogue` from now on. `known`: the versions with a core already (a
+        default whose core is gone takes effect at once)."""
+        self.catalogue = catalogue
+        self._live = frozenset(catalogue.versions())
+        for name, model in catalogue.models.items():
+            target = f"{name}@{model.default}"
+            current = self._effective.get(name)
+            if current is None or current not in self._live or (known and current not in known):
+                self._effective[name] = target
+            elif current != target:
+                self._rollout_since.setdefault(name, now)
+        for name in [n for n in self._effective if n not in catalogue.models]:
+            del self._effective[name]
+            self._rollout_since.pop(name, None)
+        self._only = self._the_only()
+
+    def _the_only(self) -> str | None:
+        """The version every request without `model` gets, when nothing can change it:
+        resolving is then one comparison (the one-model case, on the hot path)."""
+        first = next(iter(self.catalogue.models.values()))
+        if first.weights or self._rollout_since:
+            return None
+        return self._effective[first.name]
+
+    # -- requests --------------------------------------------------------------------------
+    def resolve(self, model: str | None, sticky: str | None) -> str:
+        """The version a request runs on (raises UnknownModel): what the catalogue says,
+        except that a model's new default waits for its rollout."""
+        if model is None and self._only is not None:
+            return self._only
+        catalogue = self.catalogue
+        try:
+            version = catalogue.resolve(model, sticky)
+        except LookupError as exc:
+            raise UnknownModel(str(exc)) from exc
+        name, _ = split_key(version)
+        if not catalogue.models[name].weights and (model is None or "@" not in model):
+            return self._effective.get(name, version)
+        return version
+
+    def first_version(self) -> str:
+        """The version a request without `model` gets now, unless weights choose."""
+        return self._effective[self.catalogue.first.name]
+
+    def serving_default(self, model: str) -> str | None:
+        """The version of `model` a request without @version gets now (mid-rollout, the
+        old default)."""
+        version = self._effective.get(model)
+        return None if version is None else split_key(version)[1]
+
+    def defaults(self) -> list[str]:
+        """Each model's serving default, in catalogue order."""
+        return list(self._effective.values())
+
+    def load_hint(self, version: str) -> float | None:
+        """The catalogue's load time of `version` (None: none given, or not in it)."""
+        name, short = split_key(version)
+        model = self.catalogue.models.get(name)
+        return None if model is None or short not in model.versions else \
+            model.versions[short].load_s
+
+    def live(self, version: str) -> bool:
+        return version in self._live
+
+    def arrived(self, version: str, now: float) -> None:
+        self._last_arrival[version] = now
+
+    def promise(self, version: str, until: float) -> None:
+        """A request for cold `version` was refused, told to come back at `until`."""
+        self._promised[version] = max(self._promised.get(version, until), until)
+
+    def last_arrival(self, version: str, now: float, coming: bool) -> float:
+        """Its last arrival as placement reads it: now, while a refusal's Retry-After runs
+        and the version is still cold (`coming`: resident or loading ends that)."""
+        promised = self._promised.get(version)
+        if promised is not None and (promised <= now or coming):
+            del self._promised[version]
+            promised = None
+        return now if promised is not None else self._last_arrival.get(version, -math.inf)
+
+    def wanted(self, version: str, now: float) -> bool:
+        """Whether requests go to `version`: its model's serving default, a weighted
+        version, the target of a rollout, or one named by a request within its model's
+        idle_unload_s."""
+        name, short = split_key(version)
+        model = self.catalogue.models.get(name)
+        if model is None or not self.live(version):
+            return False
+        return (self._effective.get(name) == version or model.weights.get(short, 0) > 0
+                or (name in self._rollout_since and model.default == short)
+                or self._last_arrival.get(version, -math.inf) > now - model.idle_unload_s)
+
+    # -- rollouts --------------------------------------------------------------------------
+    def rolling(self) -> list[tuple[str, str, str]]:
+        """(model, old, target) for each model whose new default has not taken over."""
+        return [(name, self._effective[name], f"{name}@{self.catalogue.models[name].default}")
+                for name in self._rollout_since]
+
+    def rolled(self, model: str, now: float, new_up: int, old_up: int) -> bool:
+        """Whether `model`'s new default takes over now (resident on `new_up` workers,
+        the old on `old_up`): then it has."""
+        since = self._rollout_since[model]
+        if new_up < max(1, old_up) and now - since < ROLLOUT_TIMEOUT_S:
+            return False
+        old = self._effective[model]
+        target = f"{model}@{self.catalogue.models[model].default}"
+        self._effective[model] = target
+        del self._rollout_since[model]
+        if old != target:  # the old one's arrivals were the default's
+            self._last_arrival.pop(old, None)
+        self._only = self._the_only()
+        return True
+
+    def next_rollout_deadline(self) -> float:
+        return min(self._rollout_since.values(), default=math.inf) + ROLLOUT_TIMEOUT_S
+
+    @property
+    def rolling_out(self) -> bool:
+        return bool(self._rollout_since)
+
+
+__all__ = ["ROLLOUT_TIMEOUT_S", "Versions"]
