@@ -2,11 +2,11 @@
 real dispatch core. It runs on the runtime dependencies alone (no load-test package).
 
 `ceil(items/s / (max_batch / batch_latency))` is the floor. Poisson bursts need more, so each
-count runs through the project's own dispatch core (`failover.simulation`: exact event time,
-idle trigger on) against contract workers that take exactly the batch latency; the smallest
-whose P95 (per request, arrival to last output) meets the target wins. A saturated count
-never does: its queue grows without bound, whatever a window shows. A count simulates at
-most `MAX_REQUESTS` arrivals, to bound the planner's CPU.
+count runs through the project's own core (`failover.sim`: the real core and its owner in
+virtual time, idle trigger on) against contract workers that take exactly the batch latency;
+the smallest whose P95 (per request, arrival to last output) meets the target wins. A
+saturated count never does: its queue grows without bound, whatever a window shows. A count
+simulates at most `MAX_REQUESTS` arrivals, to bound the planner's CPU.
 """
 
 from __future__ import annotations
@@ -20,14 +20,16 @@ from dataclasses import dataclass
 
 import batcher as b
 from api.config import Parser
-from failover import simulate as run_simulation
+from failover import CoreSettings
+from failover.sim import Model, Stream, World, given
+from failover.sim import simulate as run_world
 
 TOLERANCE_S = 1e-6  # float noise in virtual time: a 100 ms batch may read 100.0000001 ms
 WARMUP_S = 1.0  # requests arriving earlier find an empty pool: not measured
 MAX_REQUESTS = 50_000  # per count: ~2 s of CPU; past it the simulated window shrinks
 
-# The front door's CPU per request, as README's HTTP and link benchmarks measure it on the
-# 2-core machine of its results (`loadtest.bench_http`, `loadtest.bench_link`), rounded up:
+# The front door's CPU per request, as docs/benchmarks.md's HTTP and link benchmarks measure it
+# on the 2-core machine of its results (`loadtest.bench_http`, `loadtest.bench_link`), rounded up:
 # a GPU host's cores are usually faster, so this errs on the safe side.
 GATEWAY_CPU_MS = 0.13  # per request, in a gateway process: HTTP, JSON, keys, its link end
 # Per request in the core process of a cell (door, core, link, pool IPC); it falls with load
@@ -112,12 +114,17 @@ def poisson(rps: float, duration: float, seed: int) -> list[float]:
 
 def simulate(arrivals: list[float], workers: int, policy: b.FlushPolicy, latency: float,
              inputs: int, duration: float) -> Simulation:
-    """Run the real dispatch core over `arrivals` (non-empty) in exact event time."""
-    result = run_simulation(arrivals, workers, policy, latency, inputs,
-                            warmup=min(WARMUP_S, duration / 5))
+    """Run the real core over `arrivals` (non-empty, within `duration`) in virtual time,
+    admission past reach (this measures batching), every request answered."""
+    settings = CoreSettings.unbounded(policy, latency, max(1, len(arrivals) * inputs))
+    outcome = run_world(World(
+        (Stream(given(arrivals), inputs=inputs),), duration, settings,
+        models=(Model(batch_s=latency),), workers=workers,
+        measure_from=min(WARMUP_S, duration / 5)))
+    requests = outcome.tally()
     util = len(arrivals) * inputs / duration * latency / (workers * policy.max_batch)
-    return Simulation(workers, util, result.percentile(0.5), result.percentile(0.95),
-                      result.mean_fill)
+    return Simulation(workers, util, requests.percentile(0.5), requests.percentile(0.95),
+                      outcome.pool.fill)
 
 
 def plan(

@@ -1,12 +1,16 @@
-"""The placement simulation, briefly: a minute of simulated traffic per run (exact, seeded)."""
+"""The placement simulation, briefly: a minute of simulated traffic per run on the real core
+(exact, seeded), `SwitchCost` against LRU-on-demand plugged in as the core's placement."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
 
-from failover.fleet.placement import (
+from batcher import Tier
+from failover import CoreSettings
+from failover.fleet import (
     LruOnDemand,
     Placement,
     Switch,
@@ -14,7 +18,8 @@ from failover.fleet.placement import (
     VersionView,
     WorkerView,
 )
-from loadtest.sim_models import Outcome, Scenario, main, simulate
+from failover.sim import Outcome, simulate
+from loadtest.sim_models import Scenario, main, run
 
 MINUTE = 60.0
 
@@ -37,44 +42,57 @@ class Recording:
         return self.policy.next_check(now, workers, versions)
 
 
-def run(policy: Placement, rate: float, shift_s: float = 30.0) -> tuple[Outcome, Recording]:
+def recorded(policy: Placement, rate: float, shift_s: float = 30.0,
+             budget: float | None = None, duration_s: float = MINUTE
+             ) -> tuple[Outcome, Recording]:
     recording = Recording(policy)
-    return simulate(Scenario(rate, shift_s, duration_s=MINUTE), recording), recording
+    world = Scenario(rate, shift_s, duration_s=duration_s).world(lambda: recording)
+    if budget is not None:
+        world = dataclasses.replace(world, core=CoreSettings(dict.fromkeys(Tier, budget)))
+    return simulate(world), recording
 
 
 @pytest.mark.parametrize("policy", [SwitchCost, LruOnDemand])
-def test_every_item_is_answered_or_counted_failed_and_every_load_counted(
+def test_every_request_is_answered_or_counted_and_every_load_counted(
     policy: type[SwitchCost] | type[LruOnDemand],
 ) -> None:
-    outcome, recording = run(policy(), 2_000.0)
-    assert outcome.arrivals > 0.9 * 2_000 * MINUTE
-    assert outcome.answered + outcome.failed == outcome.arrivals
-    assert sum(len(lat) for lat in outcome.latencies) == outcome.answered
-    assert outcome.loads == len(recording.switches)
-    assert outcome.load_s == pytest.approx(outcome.loads * 2.0)
-    assert 0 < outcome.largest_batch <= 100
+    outcome, recording = recorded(policy(), 400.0)
+    every = outcome.tally()
+    assert every.offered > 0.9 * 400 * MINUTE and every.unanswered == 0
+    assert every.answered + sum(every.refused.values()) + sum(every.failed.values()) == \
+        every.offered
+    assert outcome.loads_total == len(recording.switches) == outcome.pool.switches
+    assert outcome.pool.switch_s == pytest.approx(outcome.loads_total * 2.0)
+    assert 0 < outcome.pool.fill <= 100  # the pool itself refuses a batch past the contract
 
 
 def test_no_answer_comes_sooner_than_one_batch() -> None:
-    outcome, _ = run(SwitchCost(), 400.0)
-    assert min(lat[0] for lat in outcome.latencies) >= 0.1 - 1e-9
+    result = run(Scenario(400.0, 30.0, duration_s=MINUTE), "switch-cost")
+    assert min(result.model(i).percentile(0.0) for i in range(3)) >= 0.1 - 1e-9
 
 
 def test_switch_cost_loads_a_tenth_of_what_lru_loads_on_the_shifting_split() -> None:
-    ours, _ = run(SwitchCost(), 400.0)
-    lru, _ = run(LruOnDemand(), 400.0)
+    scenario = Scenario(400.0, 30.0, duration_s=MINUTE)
+    ours, lru = run(scenario, "switch-cost"), run(scenario, "lru-on-demand")
     assert lru.loads >= 10  # the baseline thrashes here, so the comparison means something
     assert ours.loads * 10 <= lru.loads
     assert ours.failed == 0
 
 
-def test_switch_cost_follows_the_hot_model_when_it_moves() -> None:
+def test_switch_cost_follows_the_hot_model_when_admission_does_not_hide_it() -> None:
     # At 2,000/s the hot model needs two workers; after the shift at 30 s, one must move.
-    outcome, recording = run(SwitchCost(), 2_000.0)
+    # With the budget past reach, the queue shows the demand.
+    outcome, recording = recorded(SwitchCost(), 2_000.0, budget=5.0)
     assert [s.to for s in recording.switches] == ["m2@v1"]
     assert recording.switches[0].reason == "demand"
-    assert outcome.failed == 0
-    assert outcome.percentile(1, 0.95) < 2.0  # the hot model's backlog drained well in time
+    assert outcome.tally().failed == {} and outcome.tally().refused == {}
+    assert outcome.tally(model="m2").percentile(0.95) < 2.0  # its backlog drained in time
+
+
+def test_switch_cost_follows_the_hot_model_under_the_paid_budget() -> None:
+    outcome, recording = recorded(SwitchCost(), 2_000.0, duration_s=40.0)
+    assert [s.to for s in recording.switches] == ["m2@v1"]
+    assert outcome.tally(model="m2").refused["OverBudget"] < 3_000  # while it loads
 
 
 def test_the_command_prints_a_markdown_table_and_the_verdicts(

@@ -1,0 +1,296 @@
+"""A pool of contract workers in virtual time: the `gpu_pool.Pool` seam, kept exactly.
+
+Each worker holds one version (`Load`); a batch of 1..`MAX_BATCH` inputs takes the version's
+fixed latency (`Load.floor`), whatever its size, one batch at a time, and answers each input
+with itself; a start (the pool's first slots, a slot added, a switch, a restart) takes the
+version's load time. Every start carries its `StartId` as the seam says: a first slot's is
+`StartId(Origin.FIRST, index)`, a dead worker's restart `StartId(Origin.RESTART, its id)`,
+and a start whose worker dies loading is retried under the same id after the backoff.
+
+Deaths are injected (`Death`: a slot's incarnation dies at a time, up or loading) or asked
+(`kill`). The pool keeps its own events in one heap and one task (`run`) fires them in
+time order, so it costs a wake-up per distinct event time, not a task per worker.
+
+What it measures (`figures`): GPU-seconds (slots held, starting, up or waiting out a
+backoff, integrated over a window), the most held at once, starts added and stopped,
+switches, crashes, batches and items run, seconds spent loading for switches.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskStatus
+
+from batcher import MAX_BATCH
+from batcher.shared import Backoff
+from failover.sim.loop import EPSILON_S
+from failover.sim.meter import Counts, Figures, Held
+from gpu_pool import (
+    Load,
+    Ok,
+    Origin,
+    PoolEvents,
+    Run,
+    StartId,
+    WorkerId,
+    WorkerInfo,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """At `at` seconds, the incarnation of slot `slot` (its index) dies, up or loading."""
+
+    at: float
+    slot: int
+
+
+class _State(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    BUSY = "busy"
+    DEAD = "dead"  # waiting out its backoff before it starts again
+
+
+class _Do(enum.IntEnum):  # what a heap entry does; ties at one time go in the order pushed
+    UP = 0
+    DONE = 1
+    DIE = 2
+    BEGIN = 3
+    INJECT = 4
+
+
+@dataclass(slots=True)
+class _Slot:
+    index: int
+    load: Load
+    start: StartId | None
+    worker: WorkerId = field(default=WorkerId(0))
+    state: _State = _State.STARTING
+    ready_at: float = 0.0
+    began: float = 0.0  # when its start began loading
+    failures: int = 0
+    batch: Run | None = None
+    switching: bool = False
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(id=self.worker, slot=self.index, pid=None, state=self.state.value,
+                          device="sim", batches=0, restarts=0, node="sim",
+                          version=self.load.version)
+
+
+@dataclass
+class ContractPool:
+    """Implements `gpu_pool.Pool` over contract workers in virtual time.
+
+    `first`: the load of each first slot; `load_s`: a version's load time;
+    `deaths`: when which slot dies; `metered`: the window GPU-seconds are counted over."""
+
+    first: Sequence[Load]
+    load_s: Callable[[str], float]
+    backoff: Backoff = field(default_factory=Backoff)
+    deaths: Sequence[Death] = ()
+    metered: tuple[float, float] = (0.0, math.inf)
+
+    def __post_init__(self) -> None:
+        self._slots: dict[int, _Slot] = {}
+        self._of: dict[WorkerId, _Slot] = {}
+        self._ids = itertools.count(1)
+        self._indexes = itertools.count()  # slot indexes: the first slots', then added
+        self._heap: list[tuple[float, int, _Do, int, int]] = []  # (t, seq, do, slot, worker)
+        self._seq = itertools.count()
+        self._events: PoolEvents | None = None
+        self._wake = anyio.Event()
+        self._until = math.inf  # when the task next wakes unless woken
+        self._changed = anyio.Event()
+        self._held = Held(*self.metered)
+        self.counts = Counts()
+
+    # -- the task ------------------------------------------------------------------------
+    async def run(self, events: PoolEvents, *, task_status: TaskStatus[None]) -> None:
+        self._events = events
+        now = anyio.current_time()
+        self._indexes = itertools.count(len(self.first))
+        for index, load in enumerate(self.first):
+            self._new_slot(index, load, StartId(Origin.FIRST, index), now)
+        for death in self.deaths:
+            self._push(death.at, _Do.INJECT, death.slot, 0)
+        task_status.started()
+        while True:
+            now = anyio.current_time()
+            heap = self._heap
+            while heap and heap[0][0] <= now + EPSILON_S:
+                _, _, do, index, worker = heapq.heappop(heap)
+                self.counts.fired += 1
+                self._fire(do, index, WorkerId(worker), now)
+            self._until = heap[0][0] if heap else math.inf
+            self._wake = anyio.Event()
+            with anyio.CancelScope(deadline=self._until):
+                await self._wake.wait()
+
+    def _push(self, at: float, do: _Do, index: int, worker: int) -> None:
+        heapq.heappush(self._heap, (at, next(self._seq), do, index, worker))
+        if at < self._until:
+            self._until = at
+            self._wake.set()
+
+    def _fire(self, do: _Do, index: int, worker: WorkerId, now: float) -> None:
+        slot = self._slots.get(index)
+        if slot is None:
+            return
+        if do is _Do.INJECT:
+            if slot.state is not _State.DEAD:
+                self._die(slot, now)
+        elif do is _Do.BEGIN:
+            if slot.state is _State.DEAD:
+                self._begin(slot, now)
+        elif slot.worker != worker:  # fenced: an event of an incarnation gone
+            return
+        elif do is _Do.UP and slot.state is _State.STARTING:
+            self._up(slot, now)
+        elif do is _Do.DONE and slot.state is _State.BUSY and slot.batch is not None:
+            run, slot.batch, slot.state = slot.batch, None, _State.READY
+            self._tell().worker_reply(worker, Ok(run.batch_id, run.inputs,
+                                                 slot.load.floor(None)))
+        elif do is _Do.DIE and slot.state is not _State.DEAD:
+            self._die(slot, now)
+
+    def _tell(self) -> PoolEvents:
+        assert self._events is not None, "a worker event before the pool ran"
+        return self._events
+
+    # -- an incarnation's life -------------------------------------------------------------
+    def _new_slot(self, index: int, load: Load, start: StartId, now: float) -> None:
+        slot = _Slot(index, load, start)
+        self._slots[index] = slot
+        self._held.change(now, len(self._slots))
+        self._begin(slot, now)
+
+    def _begin(self, slot: _Slot, now: float) -> None:
+        """A new incarnation loads the slot's version for its start."""
+        slot.worker = WorkerId(next(self._ids))
+        slot.state, slot.began = _State.STARTING, now
+        self._of[slot.worker] = slot
+        self._push(now + self.load_s(slot.load.version), _Do.UP, slot.index, slot.worker)
+
+    def _up(self, slot: _Slot, now: float) -> None:
+        start, slot.start = slot.start, None
+        assert start is not None
+        if slot.switching:
+            self.counts.switch_s += now - slot.began
+        slot.state, slot.ready_at, slot.switching = _State.READY, now, False
+        self._changed.set()
+        self._tell().worker_ready(slot.worker, start, slot.load.version)
+
+    def _die(self, slot: _Slot, now: float) -> None:
+        """The slot's incarnation is gone: reported with the start its slot carries out."""
+        worker, up = slot.worker, slot.state in (_State.READY, _State.BUSY)
+        self._of.pop(worker, None)
+        slot.batch = None
+        slot.failures = self.backoff.after_exit(slot.failures, now - slot.ready_at if up else 0.0)
+        if up:
+            slot.start = StartId(Origin.RESTART, worker)
+        slot.state, slot.switching = _State.DEAD, False
+        self.counts.crashes += 1
+        self._push(now + self.backoff.delay(slot.failures), _Do.BEGIN, slot.index, 0)
+        self._tell().worker_died(worker, slot.load.version, slot.start)
+
+    def _leave(self, slot: _Slot, now: float) -> None:
+        self._of.pop(slot.worker, None)
+        del self._slots[slot.index]
+        self._held.change(now, len(self._slots))
+        self.counts.stopped += 1
+
+    # -- the seam: what the core's owner asks --------------------------------------------------
+    async def wait_ready(self, count: int, within: float) -> int:
+        with anyio.move_on_after(within):
+            while self.ready_count() < count:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+        return self.ready_count()
+
+    def send(self, worker: WorkerId, run: Run) -> None:
+        slot = self._of.get(worker)
+        if slot is None:  # gone: its death is (or was) reported
+            return
+        if slot.state is not _State.READY or not 1 <= len(run.inputs) <= MAX_BATCH:
+            raise RuntimeError(f"the contract is broken: {len(run.inputs)} inputs sent to "
+                               f"worker {worker}, {slot.state.value}")
+        slot.state, slot.batch = _State.BUSY, run
+        self.counts.batches += 1
+        self.counts.items += len(run.inputs)
+        self._push(anyio.current_time() + slot.load.floor(None), _Do.DONE, slot.index, worker)
+
+    def kill(self, worker: WorkerId) -> None:
+        slot = self._of.get(worker)
+        if slot is not None:
+            self._push(anyio.current_time(), _Do.DIE, slot.index, worker)
+
+    def forgive(self, worker: WorkerId) -> None:
+        """A forgiven death costs its slot no backoff here either: nothing to undo, as the
+        pool's backoff only delays a restart already under way."""
+
+    def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
+        slot = self._of.get(worker)
+        if slot is None or slot.state is not _State.READY:
+            return
+        del self._of[worker]
+        slot.load, slot.start, slot.switching = load, start, True
+        self.counts.switches += 1
+        self._begin(slot, anyio.current_time())
+
+    def add(self, load: Load, start: StartId) -> None:
+        self.counts.started += 1
+        self._new_slot(next(self._indexes), load, start, anyio.current_time())
+
+    def retire(self, worker: WorkerId) -> None:
+        slot = self._of.get(worker)
+        if slot is not None and slot.state is _State.READY:
+            self._leave(slot, anyio.current_time())
+
+    def cancel_start(self, start: StartId) -> bool:
+        slot = next((s for s in self._slots.values() if s.start == start), None)
+        if slot is None or slot.switching or slot.state not in (_State.STARTING, _State.DEAD):
+            return False
+        self._leave(slot, anyio.current_time())
+        return True
+
+    # -- reading -----------------------------------------------------------------------------
+    def ready_count(self) -> int:
+        return sum(s.state in (_State.READY, _State.BUSY) for s in self._slots.values())
+
+    def workers(self) -> list[WorkerInfo]:
+        return [slot.info() for slot in self._slots.values()]
+
+    def state_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for slot in self._slots.values():
+            out[slot.state.value] = out.get(slot.state.value, 0) + 1
+        return out
+
+    @property
+    def crashes(self) -> int:
+        return self.counts.crashes
+
+    def figures(self, now: float) -> Figures:
+        c = self.counts
+        return Figures(self._held.seconds(now), self._held.peak, c.started, c.stopped,
+                       c.switches, c.crashes, c.batches, c.items, c.switch_s)
+
+    def in_flight(self) -> int:
+        """Items in the batches running now."""
+        return sum(len(s.batch.inputs) for s in self._slots.values() if s.batch is not None)
+
+    def slots(self) -> int:
+        """Slots held now (starting, up, or waiting out a backoff)."""
+        return len(self._slots)
+
+
+__all__ = ["ContractPool", "Death"]
