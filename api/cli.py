@@ -20,11 +20,13 @@ import stat
 import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING
 
 from api.config import (
     Parser,
     Settings,
     add_settings_flags,
+    check_files,
     describe,
     forget_secrets,
     hash_key,
@@ -32,6 +34,9 @@ from api.config import (
     load_keys,
     settings_from,
 )
+
+if TYPE_CHECKING:
+    from gpu_pool import CellIdentity
 
 PROG = "batchgate"
 
@@ -81,7 +86,7 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 def refuse_public_demo_keys(settings: Settings) -> None:
-    """The demo keys are printed in README: a server holding them, plain or hashed, in its
+    """The demo keys are printed in README.md: a server holding them, plain or hashed, in its
     keys file or as its admin key, answers only on loopback."""
     if settings.host in LOOPBACK:
         return
@@ -185,12 +190,32 @@ def handed_secrets(environ: MutableMapping[str, str]) -> dict[str, str]:
     return {k.env: str(secrets[k.env]) for k in knobs() if k.secret and k.env in secrets}
 
 
+def with_gpus(settings: Settings) -> Settings:
+    """`--gpus` as given, else the CUDA devices torch sees on this host (a Ray pool's
+    actors find their GPUs on their own nodes: 0 here)."""
+    if settings.gpus is not None:
+        return settings
+    local = settings.pool == "process"
+    gpus = detect_gpus(model_specs(settings)) if local else 0
+    return dataclasses.replace(settings, gpus=gpus)
+
+
+def cell_identity(env: Mapping[str, str]) -> CellIdentity | None:
+    """The cell `BATCHGATE_CELL_ID` names (None: a cell of this server's own), read here
+    alone: the cores learn theirs as an argument."""
+    from gpu_pool import CellIdentity
+
+    return CellIdentity.from_env(env)
+
+
 def serve(args: argparse.Namespace) -> int:
     from api.door import build, check_core_settings
     from api.http import DrainingServer, server_config
 
     settings = settings_from(args)
+    check_files(settings)
     check_core_settings(settings)
+    identity = cell_identity(os.environ)
     forget_secrets(os.environ)  # read: the processes spawned from here need not see them
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -199,15 +224,12 @@ def serve(args: argparse.Namespace) -> int:
     refuse_public_demo_keys(settings)
     settings = with_ray(settings, os.environ)
     check_model_extra(settings)
-    local = settings.pool == "process"  # Ray actors find their GPUs on their own nodes
-    gpus = args.gpus
-    if gpus is None:
-        gpus = detect_gpus(model_specs(settings)) if local else 0
+    settings = with_gpus(settings)
     if settings.gateways > 1:
         from api.cell import serve_cell
 
-        return serve_cell(settings, gpus)
-    built = build(settings, gpus=gpus)
+        return serve_cell(settings, None if identity is None else identity.cell)
+    built = build(settings, identity=identity)
     config = server_config(built.app, settings, built.direct)
     DrainingServer(config, settings.drain_delay_s, built.service.leave).run()
     return 0
@@ -224,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "serve" and args.print_config:
-            print(describe(settings_from(args), sys.argv[1:] if argv is None else argv, env))
+            settings = settings_from(args)
+            check_files(settings)
+            print(describe(settings, sys.argv[1:] if argv is None else argv, env))
             return 0
         if args.command == "serve":
             if argv is None:  # this process's own command line: it can be run again

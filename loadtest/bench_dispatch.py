@@ -6,7 +6,7 @@ through `batcher.admit`, as a request's do, on an open-loop Poisson schedule, an
 latency runs from the item's *scheduled* arrival, so a slow dispatcher cannot hide its own
 queueing. Admission budgets are set past reach: this measures dispatch, not refusal.
 
-Read each row against the contract's physical limits (DESIGN.md): no answer before one
+Read each row against the contract's physical limits (docs/benchmarks.md): no answer before one
 batch's latency, and N workers answer at most N full batches per batch latency. `cpu
 us/item` is this process's CPU (batcher, failover, pool IPC and the generator itself; the
 worker processes excluded) over the items answered; `gen` is the generator's share,
@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 import orjson
 
-from api.config import DEFAULT_TIERS, Settings
+from api.config import DEFAULT_TIERS, Settings, Workers
 from api.door import Service
 from api.metrics import Metrics
 from batcher import BatcherStatistics, BatchgateError, Closed, Item, ItemId, Tier
@@ -129,7 +129,7 @@ def _on_uvloop() -> bool:
 
 def service_for(workers: int, idle_trigger: bool) -> Service:
     """The real composition, with admission budgets no load can exceed."""
-    settings = Settings(model="sim", workers=workers, idle_trigger=idle_trigger,
+    settings = Settings(model="sim", workers=Workers(workers), idle_trigger=idle_trigger,
                         queue_capacity=10_000_000, ready_timeout_s=120.0)
     tiers = {t: dataclasses.replace(p, budget_ms=1e9, timeout_ms=1e9)
              for t, p in DEFAULT_TIERS.items()}

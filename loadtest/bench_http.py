@@ -1,7 +1,7 @@
 """HTTP benchmark: the real server (`--model sim`), offered an open-loop load, one row a run.
 
 Read every row against the physical limits: no answer before 100 ms, N workers answer at
-most N x 1,000 items/s; the flush policy alone allows the figures in DESIGN.md. The load
+most N x 1,000 items/s; the flush policy alone allows the figures in docs/benchmarks.md. The load
 generator shares this machine's cores with the server (2 here): the `client cpu` column
 and the `gen` flag say how much it took and whether it kept to its schedule.
 

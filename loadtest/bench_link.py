@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from api.cell import LinkServer
-from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings
+from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, Workers
 from api.door import build_door
 from api.gateway import run_message
 from api.gateway.remote import RemoteCore, _CoreConnection, _Settles
@@ -95,11 +95,11 @@ async def run_core(rate: float, workers: int, generators: int, duration: float,
                                     account_rate=BOUNDLESS, account_burst=BOUNDLESS,
                                     budget_ms=BOUNDLESS, timeout_ms=BOUNDLESS)
              for t, p in DEFAULT_TIERS.items()}
-    settings = Settings(model="sim", workers=workers, queue_capacity=10_000_000,
+    settings = Settings(model="sim", workers=Workers(workers), queue_capacity=10_000_000,
                         ready_timeout_s=120.0)
     metrics = Metrics()
     service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=tiers), metrics)
-    server = LinkServer(door, service.clock, status)
+    server = LinkServer(door, service.clock, status.table)
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as scratch:
         path = str(Path(scratch) / "link.sock")

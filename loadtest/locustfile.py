@@ -55,8 +55,8 @@ Run headless against a gateway on port 8000 (start one with, e.g.,
     locust -f loadtest/locustfile.py --worker --master-host MASTER --processes 4  # x2 machines
 
 Sizing: one locust process offers a few thousand requests a second at most, so 10,000 RPS
-takes several processes on machines other than the gateway's; README's "Locust and the
-capacity planner" section has the figures measured here and the sizing they give.
+takes several processes on machines other than the gateway's; docs/benchmarks.md ("Locust
+and the capacity planner") has the figures measured here and the sizing they give.
 
 Keys and rate limits: examples/keys.toml allows one paid key 2,000 RPS and its account
 4,000 RPS (free: 1,500 / 3,000), and those rates shrink under queue pressure. A 10,000 RPS run

@@ -7,9 +7,11 @@ slots with one timer per slot, and the answers of a turn are concluded together.
 (it may wait on its leader) and a status call run as tasks in the link's own task group, and
 each answers something whatever happens: an error is logged and answered, never lost.
 
-With rate limits shared between cells (`Door.shared`, `--state redis://`) a check is a round
-trip: a frame's keyless jobs then run as one task of the link's, checked in one call
-(`Door.submit_shared`) and admitted as the frame's jobs are otherwise.
+A frame's keyless jobs take the door's one way in (`Door.submit`): the rate step, then
+admission. With rate limits shared between cells (`--state redis://`) the step is a round
+trip, made by the step's own task (in the link's task group) for every frame that came
+meanwhile; a job waiting for it is live already, so a cancel or the gateway going ends it
+and it is never admitted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -25,10 +27,19 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
 from api.config import Principal
-from api.door import Door, StatusView
+from api.door import Door
 from api.errors import CoreUnavailable
 from api.gateway import HOST_CLOCK, Message, outcome_message
-from api.http import Collation, Deadlines, Job, TurnEnds
+from api.http import (
+    Collation,
+    Deadlines,
+    Job,
+    Rendered,
+    StatusCall,
+    StatusTable,
+    TurnEnds,
+    answer,
+)
 from batcher import Clock, DeadlineExceeded, Item, Tier
 from batcher.shared import Framed
 
@@ -37,7 +48,6 @@ log = logging.getLogger("batchgate.link")
 DEADLINE_SLOT_S = 0.01  # a gateway's job times out at most this late
 PRINCIPALS_KEPT = 4096  # distinct callers whose Principal a connection reuses
 SPAWNS_QUEUED = 65_536  # tasks asked for and not yet started (started every loop turn)
-CLOSE_TIMEOUT_S = 1.0  # the door's shared limits, closed once the link stops
 
 Spawn = tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
 
@@ -58,7 +68,7 @@ class _LinkJob(Collation):
 
 class _GatewayConnection(Framed):
     def __init__(self, door: Door, clock: Clock,
-                 calls: dict[str, Callable[..., Awaitable[Any]]],
+                 calls: StatusTable,
                  spawn: MemoryObjectSendStream[Spawn]) -> None:
         super().__init__()
         self._door, self._clock, self._calls, self._spawns = door, clock, calls, spawn
@@ -86,7 +96,8 @@ class _GatewayConnection(Framed):
                     continue
                 job = Job(principal, texts, single, deadline - now, idempotency, model)
                 if idempotency is None:
-                    runs.append(_LinkJob(self, rid, job))
+                    run = self._live[rid] = _LinkJob(self, rid, job)
+                    runs.append(run)
                 else:
                     self._starting.add(rid)
                     self._spawn(self._run, rid, job, principal.tier)
@@ -131,15 +142,21 @@ class _GatewayConnection(Framed):
         return principal
 
     def _submit(self, runs: list[_LinkJob]) -> None:
-        results = self._door.submit_all([run.job for run in runs], runs)
+        self._door.submit([run.job for run in runs], runs, self)
+
+    def admitted(self, runs: Sequence[_LinkJob], results: Sequence[list[Item] | Rendered],
+                 late: float) -> None:
+        """A submitted frame's outcome (`Door.submit`): at once, or after its rate check."""
         now = self._loop.time()
+        live, deadlines = self._live, self._deadlines
         for run, result in zip(runs, results, strict=True):
             if isinstance(result, list):
                 run.items = result
-                self._live[run.rid] = run
-                self._deadlines.add(run, run.job.timeout, now)
-            else:  # refused
-                self.send(outcome_message(run.rid, result))
+                deadlines.add(run, run.job.timeout - late, now)
+            elif not run.finished:  # refused (one that ended meanwhile was answered then)
+                live.pop(run.rid, None)
+                if self.transport is not None:
+                    self.send(outcome_message(run.rid, result))
 
     def _cancel(self, rid: int) -> None:
         collation = self._live.pop(rid, None)
@@ -186,11 +203,8 @@ class _GatewayConnection(Framed):
 
     async def _call(self, rid: int, what: tuple[Any, ...]) -> None:
         name, args = what[0], what[1:]
-        call = self._calls.get(name)
         try:
-            if call is None:
-                raise LookupError(f"no call named {name!r}")
-            value = await call(*args)
+            value = await answer(self._calls, StatusCall.named(name), args)
         except Exception as exc:  # answered: the gateway's caller gets a 503, not a wait
             log.error("the link's call %r failed", name, exc_info=exc)
             self.send(("error", rid, f"{type(exc).__name__} in {name!r}"))
@@ -206,67 +220,25 @@ class _GatewayConnection(Framed):
         self._deadlines.clear()
 
 
-class _SharedGatewayConnection(_GatewayConnection):
-    """A gateway's link when the door's rate limits are shared: a frame's keyless jobs wait
-    for their check in a task. Until admitted they count as starting: a cancel marks them
-    gone, and they leave once admitted."""
-
-    def _submit(self, runs: list[_LinkJob]) -> None:
-        try:
-            self._spawns.send_nowait((self._admit, (runs,)))
-        except anyio.WouldBlock:
-            for run in runs:
-                self.send(outcome_message(run.rid, self._door.refusal(
-                    CoreUnavailable("the core is too busy to take it now"),
-                    run.job.principal.tier)))
-            return
-        self._starting.update(run.rid for run in runs)
-
-    async def _admit(self, runs: list[_LinkJob]) -> None:
-        started = self._loop.time()
-        try:
-            results = await self._door.submit_shared([run.job for run in runs], runs)
-        finally:
-            self._starting.difference_update(run.rid for run in runs)
-        now = self._loop.time()
-        gone = self._gone
-        for run, result in zip(runs, results, strict=True):
-            rid = run.rid
-            if isinstance(result, list):
-                run.items = result
-                self._live[rid] = run
-                self._deadlines.add(run, run.job.timeout - (now - started), now)
-                if rid in gone or self.transport is None:  # its client already left
-                    gone.discard(rid)
-                    run.leave()
-            else:
-                gone.discard(rid)
-                if self.transport is not None:
-                    self.send(outcome_message(rid, result))
-
-
 class LinkServer:
     """Serves every gateway's link in the core process; its tasks live in its task group."""
 
-    def __init__(self, door: Door, clock: Clock, status: StatusView) -> None:
-        self._door, self._clock = door, clock
-        self._calls: dict[str, Callable[..., Awaitable[Any]]] = {
-            "ready": status.ready, "workers": status.workers, "capacity": status.capacity,
-            "metrics_text": status.metrics_text, "cell": status.cell,
-            "models": status.models,
-        }
+    def __init__(self, door: Door, clock: Clock, status: StatusTable) -> None:
+        """`status`: every status call's handler (`api.door.StatusView.table`), the table a
+        single process answers its own routes from."""
+        self._door, self._clock, self._calls = door, clock, status
         self._server: asyncio.AbstractServer | None = None
 
     async def serve(self, path: str, *,
                     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Listen on `path` until cancelled (or `close`); started once it listens."""
+        """Listen on `path` until cancelled (or `close`); started once it listens. The
+        door's rate step waits in the link's task group (shared limits: their round trips)."""
         loop = asyncio.get_running_loop()
         spawn, spawned = anyio.create_memory_object_stream[Spawn](SPAWNS_QUEUED)
         async with anyio.create_task_group() as tasks, spawn, spawned:
-            connection = (_GatewayConnection if self._door.shared is None
-                          else _SharedGatewayConnection)
+            await tasks.start(self._door.rates.run)
             self._server = await loop.create_unix_server(
-                lambda: connection(self._door, self._clock, self._calls, spawn), path
+                lambda: _GatewayConnection(self._door, self._clock, self._calls, spawn), path
             )
             task_status.started()
             try:

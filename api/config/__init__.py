@@ -1,5 +1,6 @@
-"""Configuration, built at the edge: the settings record and its flags and variables, the
-keys file (keys -> tier and account, admin keys) and what each tier is promised.
+"""Configuration, built at the edge: the settings record and its flags and variables (with
+`--state` read once into a `StateSpec`), the keys file (keys -> tier and account, admin
+keys) and what each tier is promised.
 
 A leaf of api/: it imports only `api.errors` and `batcher`'s nouns, so a gateway and a
 client's tooling can load it without the dispatch core.
@@ -27,14 +28,14 @@ from api.config.keys import (
     load_keys,
 )
 from api.config.settings import (
-    STATE_FORMS,
     Settings,
-    StateSpec,
+    Workers,
+    check_files,
     doc,
     parse_bool,
     parse_gateways,
-    parse_state,
 )
+from api.config.state import STATE_FORMS, StateKind, StateSpec, parse_state
 from api.config.tiers import DEFAULT_TIERS, TierPolicy, tiers_from
 
 __all__ = [
@@ -50,9 +51,12 @@ __all__ = [
     "Parser",
     "Principal",
     "Settings",
+    "StateKind",
     "StateSpec",
     "TierPolicy",
+    "Workers",
     "add_settings_flags",
+    "check_files",
     "describe",
     "doc",
     "forget_secrets",

@@ -158,7 +158,7 @@ def describe(settings: Settings, argv: Sequence[str], env: Mapping[str, str]) ->
 
 
 def markdown_table() -> str:
-    """The README's configuration table."""
+    """The configuration table of docs/operations.md."""
     rows = ["| flag | variable | default | meaning |", "|---|---|---|---|"]
     rows += [f"| {f'`{k.flag}`' if k.takes_flag else '(variable only)'} | `{k.env}` | "
              f"{k.shown} | {k.help} |" for k in knobs()]

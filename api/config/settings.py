@@ -2,9 +2,13 @@
 
 The record is also the one definition of `batchgate serve`'s flags: each field's metadata
 holds its help text (and, where the type alone is not enough, its parser and how to show
-its default), and `api/config.py` derives the flags, the `BATCHGATE_*` variables and the
-README's table from it, so the three can no longer drift. Built once, at the edge; packages
-below `api/` receive the parts they need and never read the environment.
+its default), and `api/config/flags.py` derives the flags, the `BATCHGATE_*` variables and
+the table of docs/operations.md from it, so the three can no longer drift. Built once, at
+the edge; packages below `api/` receive the parts they need and never read the environment.
+
+Validating the record reads no file: what only the file system can say (the keys file is
+there, the SQLite file's folder is) is `check_files`, called at the edge before anything
+is built, where the files are then loaded.
 
 A gateway process holds these settings too, so this module loads neither the dispatch core
 nor the pool: the model spec and the Ray resources are checked where the core is built
@@ -17,9 +21,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import Any
 
+from api.config.state import StateSpec, parse_state
 from batcher import MAX_BATCH
 
 ACCESS_LOG_FORMATS = ("off", "json")
@@ -43,68 +47,31 @@ def parse_gateways(text: str) -> int:
     return int(text)
 
 
-class Workers(int):
-    """`--workers`: N (a fixed pool) or MIN:MAX (the pool follows the load within them). As
-    an int it is the count the pool starts with; `most` is the most it may grow to."""
+@dataclass(frozen=True, slots=True, init=False)
+class Workers:
+    """`--workers`: the pool's bounds. N is a fixed pool (`min` = `max` = N); MIN:MAX a pool
+    that follows the load within them, starting with `min`."""
 
-    most: int
+    min: int
+    max: int
 
-    def __new__(cls, least: int, most: int | None = None) -> Workers:
-        self = super().__new__(cls, least)
-        self.most = least if most is None else most
-        return self
+    def __init__(self, min: int, max: int | None = None) -> None:
+        object.__setattr__(self, "min", min)
+        object.__setattr__(self, "max", min if max is None else max)
 
-    def __reduce__(self) -> tuple[type[Workers], tuple[int, int]]:
-        return Workers, (int(self), self.most)
-
-    def __repr__(self) -> str:
-        return str(self)
+    @property
+    def scaling(self) -> bool:
+        """Whether the pool follows the load (MAX above MIN)."""
+        return self.max > self.min
 
     def __str__(self) -> str:
-        return f"{int(self)}:{self.most}" if self.most != int(self) else str(int(self))
+        return f"{self.min}:{self.max}" if self.scaling else str(self.min)
 
 
 def parse_workers(text: str) -> Workers:
     """N, or MIN:MAX."""
     least, colon, most = text.strip().partition(":")
     return Workers(int(least), int(most) if colon else None)
-
-
-class StateSpec(NamedTuple):
-    """`--state`: `memory`, `sqlite` (`path`), or `redis` (`host`, `port`, `db`)."""
-
-    kind: str
-    path: Path | None = None
-    host: str = ""
-    port: int = 0
-    db: int = 0
-
-
-STATE_FORMS = "memory, sqlite:PATH or redis://HOST:PORT/DB"
-
-
-def parse_state(text: str) -> StateSpec:
-    """The one reading of `--state`; ValueError naming the forms it takes."""
-    if text == "memory":
-        return StateSpec("memory")
-    if text.startswith("sqlite:"):
-        path = Path(text.removeprefix("sqlite:")).expanduser()
-        if not str(path) or str(path) == "." or text.endswith("/"):
-            raise ValueError(f"state sqlite:PATH needs a file's path, got {text!r}")
-        if not path.parent.is_dir():
-            raise ValueError(f"state {text!r}: the folder {path.parent} does not exist")
-        return StateSpec("sqlite", path=path)
-    if text.startswith("redis://"):
-        url = urlsplit(text)
-        try:
-            port, db = url.port or 6379, int(url.path.strip("/") or 0)
-        except ValueError:
-            port = db = -1
-        if not url.hostname or port < 1 or db < 0 or url.query or url.fragment \
-                or url.username or url.password:
-            raise ValueError(f"state must be redis://HOST:PORT/DB (DB a number), got {text!r}")
-        return StateSpec("redis", host=url.hostname, port=port, db=db)
-    raise ValueError(f"state must be {STATE_FORMS}, got {text!r}")
 
 
 def doc(
@@ -126,7 +93,7 @@ class Settings:
     models: str | None = field(default=None, metadata=doc(
         "a TOML catalogue of the models and versions to serve (examples/models.toml); "
         "replaces --model, which is a catalogue of one model named default"))
-    workers: int = field(default=1, metadata=doc(
+    workers: Workers = field(default=Workers(1), metadata=doc(
         "workers, one per GPU: processes on this host (pinned with CUDA_VISIBLE_DEVICES; on "
         "the CPU the cores are split among them), or with --pool ray actors in the cluster; "
         "MIN:MAX: as many as the load needs within those bounds, starting with MIN",
@@ -221,24 +188,15 @@ class Settings:
         "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
 
-    @property
-    def max_workers(self) -> int:
-        """The most workers the pool may hold (`workers` when fixed)."""
-        return getattr(self.workers, "most", self.workers)
-
-    @property
-    def scaling(self) -> bool:
-        """Whether the pool follows the load (--workers MIN:MAX with MAX above MIN)."""
-        return self.max_workers > self.workers
-
     def state_spec(self) -> StateSpec:
-        """`--state` parsed: where kept answers live."""
+        """`--state` read: where kept answers live (the one reading of this text, made
+        when the settings were: `parse_state` keeps it)."""
         return parse_state(self.state)
 
     def __post_init__(self) -> None:
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
-        _check(self.workers >= 1, f"workers must be at least 1, got {self.workers}")
-        _check(self.max_workers >= self.workers,
+        _check(self.workers.min >= 1, f"workers must be at least 1, got {self.workers}")
+        _check(self.workers.max >= self.workers.min,
                f"workers MIN:MAX needs MAX >= MIN, got {self.workers}")
         _check(self.scale_down_delay_s >= 0, "scale-down-delay-s must be >= 0")
         _check(self.pool in POOLS, f"pool must be process or ray, got {self.pool!r}")
@@ -280,12 +238,23 @@ class Settings:
         _check(self.idempotency_max_bytes >= 1, "idempotency-max-bytes must be >= 1")
         _check(0 < self.idempotency_account_share <= 1,
                "idempotency-account-share must be in (0, 1]")
-        parse_state(self.state)  # ValueError with a readable message
+        parse_state(self.state)  # ValueError with a readable message; read once, kept
         _check(self.access_log in ACCESS_LOG_FORMATS,
                f"access-log must be off or json, got {self.access_log!r}")
         _check(self.log_level in LOG_LEVELS,
                f"log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        _check(self.keys is None or self.keys.is_file(), f"keys file {self.keys} not found")
+
+
+def check_files(settings: Settings) -> None:
+    """What only the file system can say of `settings`, at the edge (the settings' own
+    validation reads no file): the keys file is there, and the folder of a SQLite state
+    file. ValueError with a readable message."""
+    keys = settings.keys
+    _check(keys is None or keys.is_file(), f"keys file {keys} not found")
+    path = settings.state_spec().path
+    folder = None if path is None else path.parent
+    _check(folder is None or folder.is_dir(),
+           f"state {settings.state!r}: the folder {folder} does not exist")
 
 
 def _check(ok: bool, message: str) -> None:
@@ -293,5 +262,5 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-__all__ = ["STATE_FORMS", "Settings", "StateSpec", "Workers", "doc", "parse_bool",
-           "parse_gateways", "parse_state", "parse_workers"]
+__all__ = ["Settings", "Workers", "check_files", "doc", "parse_bool", "parse_gateways",
+           "parse_workers"]

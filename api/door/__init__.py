@@ -1,7 +1,7 @@
-"""The core's side of the front door: the door (rate limits, admission, the wait, answers),
-the keyed path, the service that builds and runs the dispatch core, the status views, the
-direct way's local route, the rate limits shared by cells (Redis), and the single process's
-composition root.
+"""The core's side of the front door: the door (the one way in: a frame's rate step, then
+admission; the wait, answers), the keyed path, the rate steps (this cell's own buckets, or
+those cells share in Redis), the service that builds and runs the dispatch core, the status
+views, the direct way's local route, and the single process's composition root.
 
 It loads the dispatch core (`failover`, `gpu_pool`); a gateway never imports it.
 """
@@ -15,10 +15,10 @@ from api.door.app import (
     create_app,
     supervised,
 )
-from api.door.door import Core, Door
+from api.door.door import Admitted, Core, Door
 from api.door.keyed import KeyedPath, is_kept
-from api.door.limits import RateLimiter, TokenBucket, pressure_factor
-from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
+from api.door.limits import Check, Checked, RateLimiter, RateStep, TokenBucket, pressure_factor
+from api.door.local import LocalCore, LocalRoute
 from api.door.service import (
     Service,
     build_pool,
@@ -28,12 +28,15 @@ from api.door.service import (
     hang_settings,
     latency_floor,
 )
-from api.door.shared_limits import SharedLimits, shared_limits
+from api.door.shared_limits import SharedLimits, rate_step
 from api.door.status import Running, StatusView
 
 __all__ = [
     "EXIT_CORE_FAILED",
+    "Admitted",
     "Built",
+    "Check",
+    "Checked",
     "Core",
     "CoreParts",
     "Door",
@@ -41,10 +44,10 @@ __all__ = [
     "LocalCore",
     "LocalRoute",
     "RateLimiter",
+    "RateStep",
     "Running",
     "Service",
     "SharedLimits",
-    "SharedLocalRoute",
     "StatusView",
     "TokenBucket",
     "build",
@@ -58,6 +61,6 @@ __all__ = [
     "is_kept",
     "latency_floor",
     "pressure_factor",
-    "shared_limits",
+    "rate_step",
     "supervised",
 ]

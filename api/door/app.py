@@ -17,19 +17,17 @@ from starlette.types import ASGIApp
 
 from api.config import KeyRing, Settings, load_keys
 from api.door.door import Door
-from api.door.limits import RateLimiter
-from api.door.local import LocalCore, LocalRoute, SharedLocalRoute
+from api.door.local import LocalCore, LocalRoute
 from api.door.models import ModelsAdmin
 from api.door.service import Service
-from api.door.shared_limits import shared_limits
+from api.door.shared_limits import rate_step
 from api.door.status import StatusView
 from api.http import DirectRoute, Routes, http_app, on_sighup, settle_and_time
+from api.kept import redis_client
 from api.metrics import Metrics
-from gpu_pool import Pool
+from gpu_pool import CellIdentity, Pool
 
 log = logging.getLogger("batchgate.app")
-
-CLOSE_TIMEOUT_S = 1.0  # the shared limits' connections, closed on the way out
 
 
 class CoreParts(NamedTuple):
@@ -39,25 +37,28 @@ class CoreParts(NamedTuple):
     models: ModelsAdmin
 
 
-def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, gpus: int = 0,
-               pool: Pool | None = None,
-               cell: Callable[[], dict[str, Any]] | None = None) -> CoreParts:
-    """The running core and what serves it: the one place its parts are wired."""
-    service = Service(settings, metrics, keys.tiers, gpus=gpus, pool=pool)
+def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool | None = None,
+               cell: Callable[[], dict[str, Any]] | None = None,
+               identity: CellIdentity | None = None) -> CoreParts:
+    """The running core and what serves it: the one place its parts are wired. `cell`: what
+    the cell's supervisor last said of its processes; `identity`: which cell and which of
+    its cores this is (None: a process of its own)."""
+    service = Service(settings, metrics, keys.tiers, pool=pool, identity=identity)
     metrics.watch(service.snapshot)
-    limiter = RateLimiter(keys.tiers)  # with shared limits: what decides while Redis is out
-    shared = shared_limits(settings.state, keys.tiers, limiter, metrics, service.clock.now)
-    door = Door(service.core, service.clock, limiter, service.idempotency, service.pressure,
-                metrics, shared)
-    models = ModelsAdmin(service.models, service.clock, settings.workers, settings.models,
-                         service.core.poke)
+    # With kept answers in Redis, the rate limits cells share there, on their connection.
+    durable = None if service.kept is None else service.kept.durable
+    rates = rate_step(redis_client(durable), keys.tiers, metrics, service.clock.now)
+    door = Door(service.core, service.clock, rates, service.idempotency, service.pressure,
+                metrics)
+    models = ModelsAdmin(service.models, service.clock, settings.workers.min, settings.models,
+                         service.core.change)
     status = StatusView(service, service.pool.ready_count, metrics, cell, models)
     return CoreParts(service, door, status, models)
 
 
-def create_app(settings: Settings, keys: KeyRing | None = None, gpus: int = 0) -> ASGIApp:
+def create_app(settings: Settings, keys: KeyRing | None = None) -> ASGIApp:
     """Build the app; the workers start (and are waited for) in the lifespan."""
-    return build(settings, keys, gpus).app
+    return build(settings, keys).app
 
 
 class Built(NamedTuple):
@@ -66,15 +67,16 @@ class Built(NamedTuple):
     direct: DirectRoute | None  # for the HTTP protocol: the hot route without ASGI
 
 
-def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
-          pool: Pool | None = None) -> Built:
-    """The single process: the app, the service it serves, and the hot route's direct way."""
+def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = None,
+          identity: CellIdentity | None = None) -> Built:
+    """The single process: the app, the service it serves, and the hot route's direct way.
+    `identity`: the cell it is one of (`BATCHGATE_CELL_ID`; None: a cell of its own)."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
-    service, door, status, models = build_door(settings, keys, metrics, gpus, pool)
-    routes = Routes(LocalCore(door, status), settings, keys, metrics)
-    # Shared limits: the direct way's checks wait for Redis in a task of the lifespan's.
-    direct = LocalRoute(routes, door) if door.shared is None else SharedLocalRoute(routes, door)
+    service, door, status, models = build_door(settings, keys, metrics, pool,
+                                               identity=identity)
+    routes = Routes(LocalCore(door, status.table), settings, keys, metrics)
+    direct = LocalRoute(routes, door)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -87,8 +89,7 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
         try:
             async with anyio.create_task_group() as tg:
                 await tg.start(supervised, service.run, os._exit)
-                if isinstance(direct, SharedLocalRoute):
-                    await tg.start(direct.serve)
+                await tg.start(door.rates.run)  # shared limits: a frame waits for Redis here
                 unwatch = settle_and_time(metrics)
                 yield
                 log.info("draining")
@@ -98,8 +99,6 @@ def build(settings: Settings, keys: KeyRing | None = None, gpus: int = 0,
             reloading()
             if unwatch is not None:
                 unwatch()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT_S):
-                await door.aclose()
         log.info("stopped")
 
     return Built(http_app(routes, lifespan), service, direct)

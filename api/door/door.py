@@ -1,25 +1,28 @@
 """The core's door: rate limits and admission for every request, and the wait for its items.
 
 Rate limits, idempotency and admission are global decisions, so they are made where the
-dispatch core runs: in a single process the routes call `Door.run` (the direct way,
-`api.door.local`, calls `submit_all` and `conclude`); in a cell (`--gateways K`) each gateway
-sends its jobs over the link and the core process runs them here (`api.cell.link`). A
-gateway does only what needs no shared state: HTTP, JSON, keys, validation.
+dispatch core runs: in a single process the direct way (`api.door.local`) and the routes
+(`Door.run`) come here; in a cell (`--gateways K`) each gateway sends its jobs over the
+link and the core process runs them here (`api.cell.link`). A gateway does only what needs
+no shared state: HTTP, JSON, keys, validation.
 
-With rate limits shared between cells (`shared`, `--state redis://`) a check is a round
-trip, so no job takes the synchronous `submit_all`: keyless jobs take `submit_shared`, which
-checks a frame's jobs in one call and then admits them as `submit_all` would.
+Requests come in a frame at a time (a gateway's frame, or a request alone: a frame of one)
+and take one path: the frame's checks go to the rate step (`RateStep`: this cell's own
+buckets, which decide at once, or the buckets cells share in Redis, a round trip), then the
+jobs that passed are admitted together (`Door.admit`). A keyed job passes the rate step in
+`run` before its key is looked at (replays and joins count against the rate too), and is
+admitted once it leads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 from api.door.keyed import KeptRequest, KeyedPath
-from api.door.limits import RateLimiter, pressure_factor
-from api.door.shared_limits import Check, SharedLimits
+from api.door.limits import Check, RateStep, pressure_factor
 from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
     Answered,
@@ -35,11 +38,14 @@ from api.kept import IdempotencyStore
 from api.metrics import Metrics
 from batcher import BatchgateError, Clock, DeadlineExceeded, Item, ItemId, ItemSink, Tier
 
+C = TypeVar("C", bound=Collation)
+C_contra = TypeVar("C_contra", bound=Collation, contravariant=True)
+R = TypeVar("R")  # what a refused job gets: its rendered answer, or its error
+_PASSED: tuple[None] = (None,)  # the rate step's verdict on a job already checked
+
 
 class Core(Protocol):
     """What the door needs of the core's owner (`failover.CoreOwner`)."""
-
-    def admit(self, items: list[Item], deadline_in: float, now: float) -> None: ...
 
     def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float
                   ) -> list[BatchgateError | None]: ...
@@ -50,16 +56,25 @@ class Core(Protocol):
         """The version a request naming `model` runs on (raises UnknownModel)."""
 
 
+class Admitted(Protocol[C_contra]):
+    """Who takes a submitted frame's outcome (the direct way's route, a gateway's link)."""
+
+    def admitted(self, collations: Sequence[C_contra],
+                 results: Sequence[list[Item] | Rendered], late: float) -> None:
+        """Each job's items, queued to answer its collation, or its refusal; `late`: the
+        seconds its rate check took, which came off each job's timeout. A job whose
+        collation ended meanwhile (its client left) was not admitted: it needs nothing."""
+
+
 class Door:
-    """Implements the routes' `run` in process; the link serves it to gateways."""
+    """Implements the routes' `run` in process; the link serves it to gateways. `rates`:
+    the rate step every frame passes (its `run` goes in the host's task group)."""
 
     def __init__(
-        self, core: Core, clock: Clock, limiter: RateLimiter, store: IdempotencyStore,
+        self, core: Core, clock: Clock, rates: RateStep, store: IdempotencyStore,
         pressure: Callable[[Tier], float], metrics: Metrics,
-        shared: SharedLimits | None = None,
     ) -> None:
-        self.core, self.clock, self.limiter = core, clock, limiter
-        self.shared = shared  # if set, it decides every rate check (`limiter` its fallback)
+        self.core, self.clock, self.rates = core, clock, rates
         self.pressure = pressure  # a tier's expected wait over its budget
         self.metrics = metrics
         self._ids = itertools.count(1)
@@ -72,118 +87,90 @@ class Door:
         """Decide and wait. `client` hears the client hang up (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
         try:  # replays and joins count against the rate too
-            if self.shared is None:
-                self._check_rate(job)
-            else:
-                await self.shared.check(job.principal,
-                                        pressure_factor(self.pressure(job.principal.tier)))
+            waiting = _Verdict(asyncio.get_running_loop().create_future())
+            self.rates.pass_frame(self.checks((job,)), self.clock.now(), waiting)
+            refusal = (await waiting.future)[0]
+            if refusal is not None:
+                raise refusal
             if job.idempotency is None:
                 return await self.serve(job, client, register)
             return await self._keyed.run(job, client, register)
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
 
-    def submit_all(
-        self, jobs: Sequence[Job], collations: Sequence[Collation]
-    ) -> list[list[Item] | Rendered]:
-        """`run` without a task, for jobs without an Idempotency-Key (a keyed one may wait
-        on its leader: it takes `run`), a gateway's frame or a direct call: each job's
-        items, queued to answer its collation, or its refusal. The caller then waits for
-        each collation to end and asks `conclude`. One reading of the clock and of each
-        tier's pressure serves the whole frame of jobs: the rate limits tighten by a factor
-        that moves by a few items per frame. A run of one caller's jobs takes its tokens at
-        once, and the core admits a run of one tier at once; each job is still refused
-        exactly as it would be alone, after the jobs before it."""
-        limiter, now, resolve = self.limiter, self.clock.now(), self.core.resolve
+    def submit(self, jobs: Sequence[Job], collations: Sequence[C], to: Admitted[C]) -> None:
+        """The way in for a frame of jobs without an Idempotency-Key (a keyed one may wait
+        on its leader: it takes `run`): a gateway's frame, or a direct call alone. The
+        frame passes the rate step, then `admit`; `to.admitted` takes the outcome, within
+        this call when the step decides at once. Each job is refused exactly as it would
+        be alone, after the jobs before it. The caller then waits for each collation to
+        end and asks `conclude`."""
+        now = self.clock.now()
+        frame = _Frame(self, jobs, collations, to, now)
+        try:
+            checks = self.checks(jobs)
+        except Exception as exc:  # answered, never lost: the refusal logs what it is
+            frame.checked([exc] * len(jobs))
+            return
+        self.rates.pass_frame(checks, now, frame)
+
+    def checks(self, jobs: Sequence[Job]) -> list[Check]:
+        """Each job's caller and its tier's pressure factor: one reading of each tier's
+        pressure serves a frame (the factor moves by a few items per frame)."""
+        if len(jobs) == 1:  # most frames: a direct call
+            principal = jobs[0].principal
+            return [(principal, pressure_factor(self.pressure(principal.tier)))]
         factors: dict[Tier, float] = {}
-        out: list[list[Item] | Rendered] = []
-        admitting: list[tuple[list[Item], float]] = []
-        where: list[int] = []
-        start, end = 0, len(jobs)
-        while start < end:  # a run of one caller's jobs at a time
-            principal = jobs[start].principal
-            stop = start + 1
-            while stop < end and jobs[stop].principal is principal:
-                stop += 1
-            tier = principal.tier
-            try:
-                factor = factors.get(tier)
-                if factor is None:
-                    factor = factors[tier] = pressure_factor(self.pressure(tier))
-                passed = start + limiter.allow(principal, stop - start, now, factor)
-            except Exception as exc:
-                out += [self.refusal(exc, tier) for _ in range(start, stop)]
-                start = stop
-                continue
-            for at in range(start, stop):
-                job = jobs[at]
-                try:
-                    if at >= passed:
-                        limiter.check(principal, now, factor)
-                    version = resolve(job.model, job.sticky)
-                except Exception as exc:
-                    out.append(self.refusal(exc, tier))
-                    continue
-                items = self.new_items(job.texts, tier, now, job.timeout, collations[at],
-                                       principal.account, version)
-                where.append(len(out))
-                out.append(items)
-                admitting.append((items, job.timeout))
-            start = stop
-        for at, refusal in zip(where, self.core.admit_all(admitting, now), strict=True):
-            if refusal is not None:
-                out[at] = self.refusal(refusal, jobs[at].principal.tier)
+        out: list[Check] = []
+        for job in jobs:
+            principal = job.principal
+            factor = factors.get(principal.tier)
+            if factor is None:
+                factor = factors[principal.tier] = pressure_factor(self.pressure(principal.tier))
+            out.append((principal, factor))
         return out
 
-    async def submit_shared(
-        self, jobs: Sequence[Job], collations: Sequence[Collation]
-    ) -> list[list[Item] | Rendered]:
-        """`submit_all` with the shared rate limits: the jobs' checks in one round trip,
-        then those that passed are admitted. A job's deadline stays where it was: the
-        time the check took comes off its timeout."""
-        shared = self.shared
-        assert shared is not None, "submit_shared needs shared limits"
-        started = self.clock.now()
-        try:
-            factors = {tier: pressure_factor(self.pressure(tier)) for tier in Tier}
-            checks: list[Check] = [(job.principal, factors[job.principal.tier])
-                                   for job in jobs]
-            refusals: Sequence[BaseException | None] = await shared.check_all(checks)
-        except Exception as exc:  # answered, never lost: to_api_error logs what it is
-            refusals = [exc] * len(jobs)
-        now = self.clock.now()
-        late = now - started
-        out: list[list[Item] | Rendered] = []
+    def admit(self, jobs: Sequence[Job], collations: Sequence[Collation],
+              refusals: Sequence[BaseException | None], now: float, late: float,
+              refuse: Callable[[BaseException, Tier], R]) -> list[list[Item] | R]:
+        """Admit a frame whose rate checks are done (`refusals`: the step's verdicts): each
+        job that passed gets its version and its items, queued to answer its collation,
+        and the core admits the frame's jobs together; each other job gets `refuse` of its
+        error. The `late` seconds since the frame came come off each job's timeout; a job
+        whose collation ended meanwhile (its client left) is not admitted."""
+        resolve = self.core.resolve
+        out: list[list[Item] | R] = []
         admitting: list[tuple[list[Item], float]] = []
         where: list[int] = []
         for at, (job, refusal) in enumerate(zip(jobs, refusals, strict=True)):
-            tier, timeout = job.principal.tier, job.timeout - late
-            if refusal is None and timeout <= 0:
-                refusal = DeadlineExceeded("the request's deadline passed before it was "
-                                           "admitted")
-            version = ""
+            collation, timeout = collations[at], job.timeout - late
             if refusal is None:
                 try:
-                    version = self.core.resolve(job.model, job.sticky)
+                    if collation.finished:
+                        raise ClientClosed("the client closed the connection")
+                    if timeout <= 0:
+                        raise DeadlineExceeded("the request's deadline passed before it "
+                                               "was admitted")
+                    version = resolve(job.model, job.sticky)
                 except Exception as exc:
                     refusal = exc
             if refusal is not None:
-                out.append(self.refusal(refusal, tier))
+                out.append(refuse(refusal, job.principal.tier))
                 continue
-            items = self.new_items(job.texts, tier, now, timeout, collations[at],
-                                   job.principal.account, version)
+            principal = job.principal
+            items = self.new_items(job.texts, principal.tier, now, timeout, collation,
+                                   principal.account, version)
             where.append(at)
             out.append(items)
             admitting.append((items, timeout))
-        for at, admitted in zip(where, self.core.admit_all(admitting, now), strict=True):
-            if admitted is not None:
-                out[at] = self.refusal(admitted, jobs[at].principal.tier)
+        if admitting:
+            for at, refused in zip(where, self.core.admit_all(admitting, now), strict=True):
+                if refused is not None:
+                    out[at] = refuse(refused, jobs[at].principal.tier)
         return out
 
     async def aclose(self) -> None:
-        """Let go of the shared limits' connections (the server is draining)."""
-        if self.shared is not None:
-            await self.shared.aclose()
+        """Nothing to let go of: the rate step's connection is the kept answers'."""
 
     def conclude(self, job: Job, items: list[Item], collation: Collation,
                  now: float) -> Outcome:
@@ -223,28 +210,23 @@ class Door:
         register: Callable[[PendingRequest], None] | None,
         pending: PendingRequest | None = None,
     ) -> Answered:
-        """Admit a job and wait for its answer (raises what ended it otherwise). `pending`:
-        the collation its items answer, if the caller brings one (the keyed path's, which
-        may keep what runs on after the request ended: `KeptRequest.runs_on`)."""
+        """Admit a job whose rate passed, a frame of one, and wait for its answer (raises
+        what ended it otherwise). `pending`: the collation its items answer, if the caller
+        brings one (the keyed path's, which may keep what runs on after the request ended:
+        `KeptRequest.runs_on`)."""
         if pending is None:
             pending = PendingRequest(len(job.texts))
-        now = self.clock.now()
-        version = self.core.resolve(job.model, job.sticky)
-        items = self.new_items(job.texts, job.principal.tier, now, job.timeout, pending,
-                               job.principal.account, version)
-        self.core.admit(items, job.timeout, now)
+        admitted = self.admit((job,), (pending,), _PASSED, self.clock.now(), 0.0, _as_is)[0]
+        if not isinstance(admitted, list):
+            raise admitted
         if register is not None:
             register(pending)
         try:
             await pending.wait(job.timeout, client)
         finally:
-            if not (isinstance(pending, KeptRequest) and pending.runs_on(items)):
-                self._withdraw(items, pending)
-        return self._answered(job, items, pending, self.clock.now())
-
-    def _check_rate(self, job: Job) -> None:
-        factor = pressure_factor(self.pressure(job.principal.tier))
-        self.limiter.check(job.principal, self.clock.now(), factor)
+            if not (isinstance(pending, KeptRequest) and pending.runs_on(admitted)):
+                self._withdraw(admitted, pending)
+        return self._answered(job, admitted, pending, self.clock.now())
 
     def _withdraw(self, items: list[Item], collation: Collation) -> None:
         if collation.remaining:  # not all answered: never run what is left
@@ -273,4 +255,40 @@ class Door:
                         1 + max(i.attempts for i in items), items[0].version)
 
 
-__all__ = ["Core", "Door"]
+class _Frame(Generic[C]):
+    """A submitted frame on its way in: the rate step's verdicts admit it."""
+
+    __slots__ = ("collations", "door", "jobs", "started", "to")
+
+    def __init__(self, door: Door, jobs: Sequence[Job], collations: Sequence[C],
+                 to: Admitted[C], started: float) -> None:
+        self.door, self.jobs, self.collations, self.to = door, jobs, collations, to
+        self.started = started
+
+    def checked(self, refusals: Sequence[BaseException | None]) -> None:
+        door = self.door
+        now = door.clock.now()
+        late = now - self.started
+        results = door.admit(self.jobs, self.collations, refusals, now, late, door.refusal)
+        self.to.admitted(self.collations, results, late)
+
+
+class _Verdict:
+    """`run`'s wait for its job's rate check."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Sequence[BaseException | None]]) -> None:
+        self.future = future
+
+    def checked(self, refusals: Sequence[BaseException | None]) -> None:
+        if not self.future.done():  # its caller may have gone meanwhile
+            self.future.set_result(refusals)
+
+
+def _as_is(exc: BaseException, tier: Tier) -> BaseException:
+    """`serve`'s refusal: the error itself, which it raises."""
+    return exc
+
+
+__all__ = ["Admitted", "Core", "Door"]

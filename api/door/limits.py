@@ -1,18 +1,50 @@
-"""Per-key and per-account rate limits: token buckets whose rate tightens under pressure.
+"""Per-key and per-account rate limits: token buckets whose rate tightens under pressure, and
+the rate step every frame of requests passes on its way in.
 
 Each tier sets a rate and a burst for every key and for every account (keys file,
 `[tiers.<tier>]`). While the queue ahead of a tier grows toward that tier's admission
 budget, its rates are scaled down (free first: its budget is smaller; paid only when the
 pool cannot keep up) and they relax as the queue drains. The factor is exported as a metric.
+
+The door (`api.door.Door.submit`) hands a frame's checks to one `RateStep`: this cell's own
+buckets (`RateLimiter`), which decide at once, or the buckets cells share in Redis
+(`api.door.SharedLimits`), which decide after a round trip.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskStatus
 
 from api.config import Principal, TierPolicy
 from api.errors import RateLimited
 from batcher import Tier
+
+Check = tuple[Principal, float]  # a caller and its tier's pressure factor
+
+
+class Checked(Protocol):
+    """Who waits for a frame's rate verdicts (the door, admitting the frame)."""
+
+    def checked(self, refusals: Sequence[BaseException | None]) -> None:
+        """Each check's refusal, or None where it passed (its tokens taken); must not raise."""
+
+
+class RateStep(Protocol):
+    """The rate limits a frame passes before admission."""
+
+    def pass_frame(self, checks: Sequence[Check], now: float, then: Checked) -> None:
+        """Decide `checks` in order, as one by one, and call `then.checked` once with the
+        verdicts: within this call (this cell's buckets) or once they are known (shared)."""
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """What the step waits in, in its host's task group (the door's lifespan, the link):
+        until cancelled, or at once when it waits in nothing."""
 
 
 def pressure_factor(pressure: float) -> float:
@@ -49,7 +81,8 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One bucket per key and per account: bounded by the keys file (anonymous is one)."""
+    """One bucket per key and per account: bounded by the keys file (anonymous is one). As
+    a `RateStep` it decides a frame within the call."""
 
     def __init__(self, limits: dict[Tier, TierPolicy]) -> None:
         if set(limits) != set(Tier):
@@ -57,6 +90,40 @@ class RateLimiter:
         self._limits = limits
         self._keys: dict[tuple[Tier, str], TokenBucket] = {}
         self._accounts: dict[tuple[Tier, str], TokenBucket] = {}
+
+    def pass_frame(self, checks: Sequence[Check], now: float, then: Checked) -> None:
+        then.checked(self.check_all(checks, now))
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()  # nothing waits: every frame is decided as it comes
+
+    def check_all(self, checks: Sequence[Check], now: float) -> list[RateLimited | None]:
+        """Each check's refusal, or None where it passed: as `check` called for each in
+        turn decides. A frame often holds a run of one caller's checks: the run's first
+        ones take their tokens at once (`allow`), the rest are checked one by one."""
+        if len(checks) == 1:  # most frames: a direct call
+            principal, factor = checks[0]
+            if self.allow(principal, 1, now, factor):
+                return [None]
+        out: list[RateLimited | None] = []
+        start, end = 0, len(checks)
+        while start < end:
+            principal, factor = checks[start]
+            stop = start + 1
+            while stop < end and checks[stop][0] is principal:
+                stop += 1
+            passed = self.allow(principal, stop - start, now, factor)
+            out += [None] * passed
+            for _ in range(start + passed, stop):
+                try:
+                    self.check(principal, now, factor)
+                except RateLimited as refusal:
+                    out.append(refusal)
+                else:
+                    out.append(None)
+            start = stop
+        return out
 
     def check(self, principal: Principal, now: float, factor: float = 1.0) -> None:
         """Raise RateLimited if the key or its account is over its (scaled) rate. A token is
@@ -76,8 +143,7 @@ class RateLimiter:
 
     def allow(self, principal: Principal, n: int, now: float, factor: float = 1.0) -> int:
         """How many of `n` requests of `principal` at `now` pass: the first ones, as `check`
-        called `n` times would pass them, their tokens taken at once. A gateway's frame
-        often holds several requests of one caller; the rest are `check`ed one by one."""
+        called `n` times would pass them, their tokens taken at once."""
         lim = self._limits[principal.tier]
         key = self._bucket(self._keys, (principal.tier, principal.key or principal.account),
                            now, lim.burst)
@@ -99,4 +165,4 @@ class RateLimiter:
         return bucket
 
 
-__all__ = ["RateLimiter", "TokenBucket", "pressure_factor"]
+__all__ = ["Check", "Checked", "RateLimiter", "RateStep", "TokenBucket", "pressure_factor"]

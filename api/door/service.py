@@ -2,21 +2,20 @@
 from the settings; run in one task group, and drained on the way out.
 
 The idempotency store is the memory store alone (`--state memory`), or the memory store in
-front of a durable layer (`sqlite:PATH`, `redis://`) whose claims name this core: its cell
-(`BATCHGATE_CELL_ID`, the same for every core a cell's supervisor starts; a random one per
-process by default) and its incarnation (`BATCHGATE_CORE_INCARNATION`, one more at each
-restart; 0 by default)."""
+front of a durable layer (`sqlite:PATH`, `redis://`) whose claims name this core: its
+`CellIdentity`, given by whoever starts it (the cell's supervisor: the same cell for every
+core it starts, one incarnation more at each restart; a single process: `BATCHGATE_CELL_ID`
+read at the edge, else a random cell of its own, incarnation 0)."""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 
 import anyio
 from anyio.abc import TaskStatus
 
-from api.config import Settings, TierPolicy
+from api.config import Settings, StateKind, TierPolicy
 from api.door.limits import pressure_factor
 from api.kept import (
     BackedStore,
@@ -63,7 +62,7 @@ LOAD_REASONS = tuple(dict.fromkeys((*REASONS, "rollout")))  # placement's, and a
 def check_core_settings(settings: Settings) -> None:
     """What only the core's packages can check (a gateway never loads them): the model
     spec or the catalogue, and the Ray resources. ValueError with a readable message."""
-    catalogue_of(settings).check_fits(settings.workers)
+    catalogue_of(settings).check_fits(settings.workers.min)
     parse_resources(settings.ray_worker_resources)
 
 
@@ -119,15 +118,16 @@ def build_capacity(settings: Settings, gpus: int) -> Capacity:
     whose bounds are its size, which never scales but counts its restarts as workers on their
     way (the door's Retry-After says when they come). A pool of processes never holds more
     workers than the host has GPUs. ValueError with a readable message."""
-    if settings.scaling and settings.pool == "process" and 0 < gpus < settings.max_workers:
-        raise ValueError(f"workers {settings.workers} asks for up to {settings.max_workers} "
+    if settings.workers.scaling and settings.pool == "process" \
+            and 0 < gpus < settings.workers.max:
+        raise ValueError(f"workers {settings.workers} asks for up to {settings.workers.max} "
                          f"workers on this host, which has {gpus} GPUs")
     delay = settings.scale_down_delay_s
-    # A peak is remembered no longer than the pool waits before it shrinks.
+    # A peak is remembered no longer than the pool waits before it shrinks. What a worker
+    # drains is no setting: each version's core measures it (`DispatchCore.throughput`).
     long = min(60.0, max(delay, 2.0))
     return Capacity(Scaler(ScalerSettings(
-        min_workers=settings.workers, max_workers=settings.max_workers,
-        capacity=settings.max_batch / max(latency_floor(settings), 0.1),
+        min_workers=settings.workers.min, max_workers=settings.workers.max,
         scale_down_delay_s=delay, down_step_s=delay / 10,
         long_window_s=long, short_window_s=min(10.0, long / 2))))
 
@@ -135,30 +135,30 @@ def build_capacity(settings: Settings, gpus: int) -> Capacity:
 class Service:
     def __init__(
         self, settings: Settings, observer: CoreObserver, tiers: dict[Tier, TierPolicy],
-        gpus: int = 0, pool: Pool | None = None,
+        pool: Pool | None = None, identity: CellIdentity | None = None,
     ) -> None:
         self.settings = settings
         self.clock = MonotonicClock()
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
         self.catalogue = catalogue = catalogue_of(settings)
-        catalogue.check_fits(settings.workers)
+        catalogue.check_fits(settings.workers.min)
 
         def make_core(version: str, serving: Catalogue) -> DispatchCore:
             try:
                 floor: float | None = load_of(settings, serving, version).floor(None)
             except LookupError:  # gone from the catalogue: it only drains
                 floor = None
-            return build_core(core_settings(settings, tiers, floor))
+            return build_core(core_settings(settings, tiers, floor), version=version)
 
         def load(version: str) -> Load:
             return load_of(settings, self.models.catalogue, version)
 
         self.models = ModelCores(catalogue, make_core, SwitchCost(),
-                                 build_capacity(settings, gpus))
-        loads = tuple(load(v) for v in self.models.initial(settings.workers))
+                                 build_capacity(settings, settings.gpus or 0))
+        loads = tuple(load(v) for v in self.models.initial(settings.workers.min))
         self.models.starting([v.version for v in loads], self.clock.now())
         claimable = tuple(load(v) for v in catalogue.versions())
-        self.pool: Pool = pool or build_pool(settings, gpus, loads, claimable)
+        self.pool: Pool = pool or build_pool(settings, loads, claimable, identity)
         self.core = CoreOwner(self.models, self.pool, self.clock, observer=observer,
                               loads=load)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
@@ -179,13 +179,13 @@ class Service:
                 await tg.start(self.kept.run)
             await tg.start(self.pool.run, self.core)
             await tg.start(self.core.run)
-            ready = await self.pool.wait_ready(self.settings.workers,
+            ready = await self.pool.wait_ready(self.settings.workers.min,
                                                self.settings.ready_timeout_s)
             if ready == 0:
                 raise RuntimeError(
                     f"no worker became ready within {self.settings.ready_timeout_s:.0f}s"
                 )
-            log.info("%d of %d workers ready (%s)", ready, self.settings.workers,
+            log.info("%d of %d workers ready (%s)", ready, self.settings.workers.min,
                      ", ".join(self.catalogue.versions()))
             task_status.started()
 
@@ -228,8 +228,8 @@ class Service:
         return self.models.capacity(self.clock.now())
 
     def snapshot(self) -> Snapshot:
-        """What a scrape shows; the loads measured since the previous one are handed over
-        (taken from the cores, so each is observed once)."""
+        """What a scrape shows (the loads measured are told to the observer as they end,
+        as batches are)."""
         gauges: dict[str, dict[str, float]] = {
             "estimated_wait_seconds": {},
             "admission_factor": {},
@@ -243,8 +243,6 @@ class Service:
         by_version = models.statistics_by_version(self.clock.now())
         loads = {(version, why): 0 for version in by_version for why in LOAD_REASONS}
         loads.update(models.loads)
-        measured = tuple(models.load_seconds)
-        models.load_seconds.clear()
         capacity = self.capacity()
         return Snapshot(
             core=self.core.statistics(),
@@ -258,49 +256,48 @@ class Service:
                                              stats.table.idle + stats.table.busy)
                       for version, stats in by_version.items()},
             loads=loads,
-            load_seconds=measured,
             scaling=None if capacity is None else ScalingGauges(
                 capacity.desired, capacity.starting, capacity.running, capacity.eta_s,
                 capacity.events),
         )
 
 
-def state_owner(environ: Mapping[str, str] = os.environ) -> Owner:
-    """Who this core is to the durable layer, from the variables its supervisor sets.
-    ValueError with a readable message."""
-    identity = CellIdentity.from_env(environ)
+def state_owner(identity: CellIdentity | None) -> Owner:
+    """Who this core is to the durable layer: its cell and incarnation."""
     if identity is None:  # a process of its own: a cell of one core
         return Owner(os.urandom(6).hex(), 0)
     return Owner(identity.cell, identity.incarnation)
 
 
-def build_state(settings: Settings, environ: Mapping[str, str] = os.environ
+def build_state(settings: Settings, identity: CellIdentity | None = None
                 ) -> KeptState | None:
-    """The durable layer `--state` names (None for memory); connects to nothing yet."""
+    """The durable layer `--state` names (None for memory), its claims naming `identity`;
+    connects to nothing yet."""
     spec = settings.state_spec()
-    if spec.kind == "sqlite":
+    if spec.kind is StateKind.SQLITE:
         assert spec.path is not None
         return open_state(SqliteSettings(
             spec.path, ttl=settings.idempotency_ttl_s,
             max_entries=settings.idempotency_max_entries,
             max_bytes=settings.idempotency_max_bytes))
-    if spec.kind == "redis":
-        return open_state(RedisSettings(spec.host, spec.port, spec.db, state_owner(environ),
+    if spec.kind is StateKind.REDIS:
+        return open_state(RedisSettings(spec.host, spec.port, spec.db, state_owner(identity),
                                         ttl=settings.idempotency_ttl_s))
     return None
 
 
-def build_pool(settings: Settings, gpus: int, loads: tuple[Load, ...] = (),
-               claimable: tuple[Load, ...] = ()) -> Pool:
+def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
+               claimable: tuple[Load, ...] = (), identity: CellIdentity | None = None) -> Pool:
     """The process pool, or with `--pool ray` the Ray pool (its module imports Ray, so only
     then); `loads`: what each slot starts with (none: `--model` on every one); `claimable`:
-    the versions a Ray cell's restarted core takes over from live actors."""
+    the versions a Ray cell's restarted core takes over from live actors; `identity`: the
+    cell's (None: the actors die with this process)."""
     base = PoolSettings(
         model=settings.model,
-        workers=settings.workers,
+        workers=settings.workers.min,
         loads=loads,
         latency_floor=latency_floor(settings),
-        gpus=gpus,
+        gpus=settings.gpus or 0,  # None: not asked of torch (a test, a Ray pool): the CPU
         ready_timeout=settings.ready_timeout_s,
         restart=settings.restart,
         max_rss_mb=settings.worker_max_rss_mb,
@@ -310,10 +307,9 @@ def build_pool(settings: Settings, gpus: int, loads: tuple[Load, ...] = (),
     from gpu_pool.ray_pool import RayPool
 
     resources = parse_resources(settings.ray_worker_resources)
-    cell = CellIdentity.from_env(os.environ)  # None outside a cell: actors die with the process
     return RayPool(RayPoolSettings(base, address=settings.ray_address, resources=resources,
-                                   cell=cell, claimable=claimable,
-                                   max_workers=settings.max_workers))
+                                   cell=identity, claimable=claimable,
+                                   max_workers=settings.workers.max))
 
 
 __all__ = ["Service", "build_pool", "build_state", "check_core_settings", "core_settings",

@@ -2,10 +2,16 @@
 
 The buckets are `RateLimiter`'s (a key's and its account's, a token taken from both or
 from neither, Retry-After the later of the two waits), kept in Redis hashes and taken by
-one server-side script per check, or per frame of checks: one round trip, atomic across
-cells, on the server's clock (`TIME`), so the cells' clocks need not agree. A bucket
-expires once it would have refilled to its burst: an absent bucket is a full one, so idle
-callers cost Redis nothing.
+one server-side script per frame of checks: one round trip, atomic across cells, on the
+server's clock (`TIME`), so the cells' clocks need not agree. A bucket expires once it
+would have refilled to its burst: an absent bucket is a full one, so idle callers cost
+Redis nothing. The client is the kept answers' (`api.kept.redis_client`): one connection
+pool per process, opened and closed with them.
+
+As the door's `RateStep`, a frame waits for its check: one task (`run`, in its host's task
+group) checks every frame that came meanwhile in one call. While Redis is out a check may
+be the one that asks it again, which can take the whole timeout: then it runs beside the
+loop, so the frames after it are decided (locally) at once.
 
 When Redis does not answer within `timeout_s`, the check falls back to the cell's own
 `RateLimiter` (each cell then limits an account by itself, as without Redis) and unkeyed
@@ -24,11 +30,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+from anyio.abc import TaskStatus
+
 from api.config import Principal, TierPolicy
-from api.door.limits import RateLimiter
-from api.errors import RateLimited
+from api.door.limits import Check, Checked, RateLimiter, RateStep
+from api.errors import CoreUnavailable, RateLimited
 from api.metrics import Metrics
-from batcher import Tier
+from batcher import Closed, Tier
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -37,7 +46,7 @@ log = logging.getLogger("batchgate.limits")
 
 TIMEOUT_S = 0.5  # a check waits this long for Redis before the cell's own buckets decide
 RETRY_S = 1.0  # while Redis is out, it is asked again at most this often
-CONNECTIONS = 16  # concurrent script calls (a frame's checks share one)
+CHECKS_WAITING = 65_536  # checks waiting for the next round trip; a frame past it is refused
 PREFIX = "batchgate:limits:"
 NAMES_KEPT = 4096  # distinct callers whose bucket names are kept
 MESSAGE = "rate limit exceeded for this key or account"
@@ -91,7 +100,7 @@ end
 return waits
 """
 
-Check = tuple[Principal, float]  # a caller and its tier's pressure factor
+Waiting = tuple[Sequence[Check], Checked]  # a frame's checks and who waits for them
 
 
 def bucket_names(principal: Principal) -> tuple[str, str]:
@@ -107,7 +116,7 @@ def bucket_names(principal: Principal) -> tuple[str, str]:
 
 
 class SharedLimits:
-    """The door's rate check when the buckets live in Redis; `fallback` (the cell's own
+    """The door's rate step when the buckets live in Redis; `fallback` (the cell's own
     buckets) decides while Redis is out. `clock`: monotonic seconds, for the fallback's
     buckets and the retry interval."""
 
@@ -118,7 +127,7 @@ class SharedLimits:
     ) -> None:
         from redis.exceptions import RedisError
 
-        self._client, self._limits, self._fallback = client, limits, fallback
+        self._limits, self._fallback = limits, fallback
         self._errors = metrics.state_errors.labels("limits")
         self._clock, self._timeout_s, self._retry_s = clock, timeout_s, retry_s
         self._script = client.register_script(SCRIPT)
@@ -126,6 +135,10 @@ class SharedLimits:
         self._names: dict[Principal, tuple[str, str]] = {}
         self._out = False  # Redis failed its last call
         self._retry_at = -math.inf  # while out: when Redis is asked again
+        self._waiting: list[Waiting] = []
+        self._queued = 0  # checks in `_waiting`
+        self._checking: dict[int, list[Waiting]] = {}  # round trips under way, by id()
+        self._wake = asyncio.Event()
 
     @property
     def out(self) -> bool:
@@ -136,6 +149,43 @@ class SharedLimits:
     def retry_in(self) -> float:
         """Seconds until Redis is asked again (0: the next check asks it)."""
         return max(0.0, self._retry_at - self._clock())
+
+    @property
+    def checking(self) -> int:
+        """Checks whose round trip is under way."""
+        return sum(len(checks) for frames in self._checking.values() for checks, _ in frames)
+
+    def pass_frame(self, checks: Sequence[Check], now: float, then: Checked) -> None:
+        """Queue the frame for the next round trip (`run` makes it)."""
+        if self._queued + len(checks) > CHECKS_WAITING:
+            then.checked([CoreUnavailable("the core is too busy to take it now")] * len(checks))
+            return
+        self._waiting.append((checks, then))
+        self._queued += len(checks)
+        self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Check the waiting frames until cancelled; those left then are refused."""
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            try:
+                while True:
+                    await self._wake.wait()
+                    self._wake.clear()
+                    frames, self._waiting, self._queued = self._waiting, [], 0
+                    self._checking[id(frames)] = frames
+                    if self._out:
+                        tg.start_soon(self._check_frames, frames)
+                    else:
+                        await self._check_frames(frames)
+            finally:
+                left = [frame for frames in self._checking.values() for frame in frames]
+                left += self._waiting
+                self._checking, self._waiting, self._queued = {}, [], 0
+                closed = Closed("the server is shutting down")
+                for checks, then in left:
+                    then.checked([closed] * len(checks))
 
     async def check(self, principal: Principal, factor: float = 1.0) -> None:
         """Raise RateLimited if the key or its account is over its (scaled) rate."""
@@ -148,7 +198,7 @@ class SharedLimits:
         `check` called for each in turn would decide, in one round trip."""
         now = self._clock()
         if now < self._retry_at:
-            return self._locally(checks, now)
+            return self._fallback.check_all(checks, now)
         if self._out:  # this call asks Redis; the others meanwhile decide locally
             self._retry_at = now + self._retry_s
         keys: list[str] = []
@@ -161,16 +211,25 @@ class SharedLimits:
             waits = await self._call(keys, args)
         except self._failures as exc:
             self._failed(exc)
-            return self._locally(checks, self._clock())
+            return self._fallback.check_all(checks, self._clock())
         if self._out:
             self._out, self._retry_at = False, -math.inf
             log.warning("the shared rate limits answer again: every cell's checks are shared")
         return [None if wait == 0 else RateLimited(MESSAGE, math.ceil(wait / 1e6))
                 for wait in waits]
 
-    async def aclose(self) -> None:
-        """Close the client's connections (the server is draining)."""
-        await self._client.aclose()
+    async def _check_frames(self, frames: list[Waiting]) -> None:
+        checks = [check for frame, _ in frames for check in frame]
+        try:
+            refusals: Sequence[BaseException | None] = await self.check_all(checks)
+        except Exception as exc:  # answered, never lost: the door's refusal logs what it is
+            refusals = [exc] * len(checks)
+        if self._checking.pop(id(frames), None) is None:
+            return  # refused already: the server is shutting down
+        at = 0
+        for frame, then in frames:
+            then.checked(refusals[at:at + len(frame)])
+            at += len(frame)
 
     async def _call(self, keys: list[str], args: list[float]) -> list[int]:
         async with asyncio.timeout(self._timeout_s):
@@ -186,17 +245,6 @@ class SharedLimits:
                       "limits by itself until they do", type(exc).__name__,
                       str(exc) or f"nothing within {self._timeout_s} s")
 
-    def _locally(self, checks: Sequence[Check], now: float) -> list[RateLimited | None]:
-        out: list[RateLimited | None] = []
-        for principal, factor in checks:
-            try:
-                self._fallback.check(principal, now, factor)
-            except RateLimited as refusal:
-                out.append(refusal)
-            else:
-                out.append(None)
-        return out
-
     def _bucket_names(self, principal: Principal) -> tuple[str, str]:
         names = self._names.get(principal)
         if names is None:
@@ -206,29 +254,15 @@ class SharedLimits:
         return names
 
 
-def connect(url: str, limits: dict[Tier, TierPolicy], fallback: RateLimiter,
-            metrics: Metrics, clock: Callable[[], float] = time.monotonic) -> SharedLimits:
-    """Shared limits on the Redis at `url` (connected on the first check). No retries
-    inside the client: a failed call falls back at once, and Redis is asked again later."""
-    from redis.asyncio import BlockingConnectionPool, Redis
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=CONNECTIONS, timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S,
-        socket_connect_timeout=TIMEOUT_S, retry=Retry(NoBackoff(), 0),
-    )
-    return SharedLimits(Redis.from_pool(pool), limits, fallback, metrics, clock)
+def rate_step(client: Redis | None, limits: dict[Tier, TierPolicy], metrics: Metrics,
+              clock: Callable[[], float] = time.monotonic) -> RateStep:
+    """The rate limits `--state` asks for: with kept answers in Redis (`client`, their
+    connection), the buckets every cell shares, the cell's own deciding while Redis is out;
+    otherwise (memory, SQLite: one cell's) the cell's own."""
+    local = RateLimiter(limits)
+    if client is None:
+        return local
+    return SharedLimits(client, limits, local, metrics, clock)
 
 
-def shared_limits(state: str, limits: dict[Tier, TierPolicy], fallback: RateLimiter,
-                  metrics: Metrics, clock: Callable[[], float] = time.monotonic
-                  ) -> SharedLimits | None:
-    """The shared limits `--state` asks for: only Redis is shared between cells (memory and
-    SQLite are one cell's, whose own `RateLimiter` decides: None)."""
-    if not state.startswith(("redis://", "rediss://")):
-        return None
-    return connect(state, limits, fallback, metrics, clock)
-
-
-__all__ = ["SCRIPT", "Check", "SharedLimits", "bucket_names", "connect", "shared_limits"]
+__all__ = ["CHECKS_WAITING", "SCRIPT", "SharedLimits", "bucket_names", "rate_step"]

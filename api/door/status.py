@@ -1,5 +1,7 @@
 """What the status endpoints show of the core process: readiness, the workers, the metrics,
-and in a cell the processes around it (none in a single process)."""
+and in a cell the processes around it (none in a single process). `StatusView.table` is
+every status call's handler (`api.http.StatusCall`), answered from it in process
+(`LocalCore`) and across a cell's link (`api.cell.LinkServer`) alike."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from api.door.models import ModelsAdmin
+from api.http import StatusCall, StatusTable
 from api.metrics import Metrics
 from failover.fleet import CapacityGauges
 from gpu_pool import WorkerInfo
@@ -35,6 +38,11 @@ class StatusView:
                  models: ModelsAdmin | None = None) -> None:
         self._service, self._ready_count = service, ready_count
         self._metrics, self._cell, self._models = metrics, cell, models
+        self.table: StatusTable = {
+            StatusCall.READY: self.ready, StatusCall.WORKERS: self.workers,
+            StatusCall.CAPACITY: self.capacity, StatusCall.MODELS: self.models,
+            StatusCall.CELL: self.cell, StatusCall.METRICS_TEXT: self.metrics_text,
+        }
 
     async def ready(self) -> dict[str, object]:
         """Ready while the first model's serving version holds a worker; each version's

@@ -3,7 +3,8 @@ core process. It loads the config, errors, http and metrics rooms, and none of t
 packages (`failover`, `gpu_pool`): a test holds it to that.
 
 Offers the link's frames (which the core's end in `api.cell` speaks too), the gateway's end
-(`RemoteCore`, `RemoteRoute`) and the process's entry point.
+(`RemoteCore`, `RemoteRoute`), the process's entry point, and the lifeline every child of a
+cell holds to its supervisor (the core's too).
 """
 
 from api.gateway.frames import (
@@ -17,13 +18,16 @@ from api.gateway.frames import (
     run_message,
 )
 from api.gateway.lifeline import (
-    SUPERVISOR_PID,
+    CellStatus,
+    ChildEnd,
+    Lifeline,
+    Order,
+    Report,
     die_with_parent,
-    die_with_supervisor,
     name_process,
     prctl,
 )
-from api.gateway.main import STOP_SIGNAL, GatewayServer, connections_file, gateway_main
+from api.gateway.main import GatewayServer, connections_file, gateway_main
 from api.gateway.remote import (
     BACKSTOP_MARGIN_S,
     CALL_TIMEOUT_S,
@@ -41,18 +45,20 @@ __all__ = [
     "GATEWAY_BUSY_RATE",
     "GATEWAY_FRAME_SPACING_S",
     "HOST_CLOCK",
-    "STOP_SIGNAL",
-    "SUPERVISOR_PID",
+    "CellStatus",
+    "ChildEnd",
     "Framed",
     "GatewayServer",
+    "Lifeline",
     "Message",
+    "Order",
     "Receiver",
     "RemoteCore",
     "RemoteRoute",
+    "Report",
     "client_closed",
     "connections_file",
     "die_with_parent",
-    "die_with_supervisor",
     "gateway_main",
     "name_process",
     "outcome_message",

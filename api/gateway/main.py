@@ -5,7 +5,8 @@ validates, and sends each job over its link (`api.gateway.remote`); the hot rout
 requests take the direct way, as in a single process. It holds no shared state and loads none
 of the core's packages. When the link closes the core process died: the gateway keeps its
 clients and their jobs, says it is not ready, and sends the jobs again to the core the
-supervisor starts in its place. It ends with its supervisor (`die_with_parent`).
+supervisor starts in its place. It hears its supervisor over its lifeline
+(`api.gateway.lifeline`: STOP, RELOAD) and ends with it.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import uvicorn
 from starlette.applications import Starlette
 
 from api.config import Settings, load_keys
-from api.gateway.lifeline import die_with_supervisor, name_process
+from api.gateway.lifeline import CellStatus, Lifeline, Order, name_process
 from api.gateway.remote import RemoteCore, RemoteRoute
 from api.http import (
     CellConnections,
     ConnectionTally,
     Routes,
     http_app,
-    on_sighup,
     server_config,
     settle_and_time,
 )
@@ -38,19 +38,20 @@ from api.metrics import Metrics
 log = logging.getLogger("batchgate.gateway")
 
 
-def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) -> None:
+def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
+                 lifeline: Lifeline) -> None:
     """Entry point of a gateway process."""
-    die_with_supervisor()
+    lifeline.hold()
     name_process(f"batchgate-gw-{slot}")
     logging.basicConfig(
         level=settings.log_level.upper(),
         format=f"%(asctime)s %(levelname)s gateway-{slot} %(name)s: %(message)s",
     )
-    # The core process owns shutdown: SIGTERM and SIGINT also come to the whole process
-    # group (systemd's control-group kill, Ctrl-C), and the core asks with STOP_SIGNAL.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the lifespan reloads keys on it
+    # The supervisor owns shutdown and reloads, and asks over the lifeline: SIGTERM, SIGINT
+    # and SIGHUP also come to the whole process group (systemd's control-group kill, Ctrl-C,
+    # a terminal's hang-up).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     metrics = Metrics()
     keys = load_keys(settings.keys, settings.admin_key)
 
@@ -61,9 +62,15 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc)
     routes = Routes(core, settings, keys, metrics, gateway=slot)
 
+    def heard(message: Order | CellStatus) -> None:
+        if message is Order.STOP:  # finish what this gateway holds, then exit
+            server.stop()
+        elif message is Order.RELOAD:
+            routes.reload_keys()
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        reloading = on_sighup(routes.reload_keys)  # the core process forwards its SIGHUP
+        supervisor = await lifeline.listen(heard)
         unwatch: Callable[[], None] | None = None
         try:
             try:
@@ -74,7 +81,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
             yield
         finally:
             core.close()
-            reloading()
+            supervisor.close()
             if unwatch is not None:
                 unwatch()
 
@@ -82,8 +89,6 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int) 
     connections = CellConnections(ConnectionTally(connections_file(link)), slot,
                                   settings.max_connections)
     server = GatewayServer(server_config(app, settings, direct, connections))
-    # Until now STOP_SIGNAL's default ended a gateway that had no client yet.
-    signal.signal(STOP_SIGNAL, server.handle_exit)
     server.run(sockets=[sock])
 
 
@@ -92,18 +97,19 @@ def connections_file(link: str) -> Path:
     return Path(link).with_name("connections")
 
 
-STOP_SIGNAL = signal.SIGUSR1  # from the supervisor: finish what this gateway holds, then exit
-
-
 class GatewayServer(uvicorn.Server):
-    """uvicorn's server, stopped by the supervisor alone. SIGTERM and SIGINT reach a gateway with
-    its whole process group while the core still serves the gateway's clients: a gateway
-    that stopped at once would be restarted during the drain, and the connections queued on
-    the shared socket reset when the core closes it."""
+    """uvicorn's server, stopped by the supervisor alone (`stop`). SIGTERM and SIGINT reach a
+    gateway with its whole process group while the core still serves the gateway's clients:
+    a gateway that stopped at once would be restarted during the drain, and the connections
+    queued on the shared socket reset when the core closes it. None is raised again at exit,
+    as uvicorn does with its own."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == STOP_SIGNAL:  # not re-raised at exit as uvicorn does with its own
-            self.should_exit = True
+        pass
+
+    def stop(self) -> None:
+        """The supervisor's STOP: finish what this gateway holds, then exit."""
+        self.should_exit = True
 
 
-__all__ = ["STOP_SIGNAL", "GatewayServer", "connections_file", "gateway_main"]
+__all__ = ["GatewayServer", "connections_file", "gateway_main"]

@@ -34,6 +34,7 @@ from api.http import (
     Outcome,
     Rendered,
     Routes,
+    StatusCall,
     rendered,
 )
 
@@ -259,33 +260,15 @@ class RemoteCore:
             raise CoreUnavailable(
                 f"the core process did not answer within {limit:g} s") from None
 
-    async def ready(self) -> dict[str, object]:
+    async def status(self, call: StatusCall, *args: Any) -> Any:
+        """The core's answer to `call`, given `CALL_TIMEOUT_S` (`READY_TIMEOUT_S` for a
+        ready call, which a core that cannot answer it answers "not ready" to)."""
+        if call is not StatusCall.READY:
+            return await self._call(call.value, args=args)
         try:
-            result: dict[str, object] = await self._call("ready", READY_TIMEOUT_S)
-            return result
+            return await self._call(call.value, READY_TIMEOUT_S)
         except CoreUnavailable:
             return {"ready": False, "workers_ready": 0, "draining": True}
-
-    async def workers(self) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = await self._call("workers")
-        return result
-
-    async def capacity(self) -> tuple[int, int, int] | None:
-        result: tuple[int, int, int] | None = await self._call("capacity")
-        return result
-
-    async def cell(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self._call("cell")
-        return result
-
-    async def metrics_text(self) -> bytes:
-        result: bytes = await self._call("metrics_text")
-        return result
-
-    async def models(self, method: str, name: str | None, version: str | None,
-                     body: bytes) -> tuple[int, dict[str, Any]]:
-        status, value = await self._call("models", args=(method, name, version, body))
-        return status, value
 
 
 class RemoteRoute(DirectRoute):

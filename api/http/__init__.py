@@ -20,6 +20,12 @@ from api.http.app import (
     settle_and_time,
     settle_heap,
 )
+from api.http.calls import (
+    StatusCall,
+    StatusHandler,
+    StatusTable,
+    answer,
+)
 from api.http.collation import (
     CONNECTION,
     QUIET,
@@ -122,7 +128,11 @@ __all__ = [
     "Rendered",
     "Routes",
     "Served",
+    "StatusCall",
+    "StatusHandler",
+    "StatusTable",
     "TurnEnds",
+    "answer",
     "answer_body",
     "answer_id",
     "document",

@@ -86,8 +86,8 @@ requests in flight. Young: the default fires many times a second under load, bec
 answers are freed in bursts of a whole batch while arrivals allocate smoothly; a higher
 threshold leaves collections to real growth, split into pauses short enough to stay under
 the 2 ms the benchmarks hold them to. Older generations walk every open connection, so they
-wait for many young collections. The figures behind these numbers are in README's
-benchmark section."""
+wait for many young collections. The figures behind these numbers are in
+docs/benchmarks.md."""
 
 
 def settle_heap() -> None:

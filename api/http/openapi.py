@@ -177,7 +177,7 @@ def _request(limits: Limits) -> JsonObject:
                             "`default`). One not served now: 422 unknown_model; one still "
                             "loading past the deadline: 503 model_loading (GET /readyz "
                             "lists them)",
-             "examples": ["default", "topics", "topics@v2"]}
+             "examples": ["default", "default@v1"]}
     return {
         "description": f"exactly one of input and inputs; the body is at most "
                      f"{limits.max_body_bytes} bytes",

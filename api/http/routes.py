@@ -20,6 +20,7 @@ from starlette.responses import Response
 from api.config import KeyRing, Principal, Settings, load_keys
 from api.errors import ApiError, KeysFileError, error_response, to_api_error
 from api.http.access_log import AccessLog, hot
+from api.http.calls import StatusCall
 from api.http.collation import QUIET, ClientWatch
 from api.http.fastpath import HttpCall, JsonAnswer
 from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id
@@ -34,25 +35,15 @@ IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")  # visi
 
 
 class CoreView(Protocol):
-    """What the routes need of the core: its door, and what the other endpoints show.
-    `api.door.LocalCore` serves it in process; `api.gateway.RemoteCore` across the link."""
+    """What the routes need of the core: its door, and the status calls the other endpoints
+    make (`api.http.calls`). `api.door.LocalCore` serves it in process;
+    `api.gateway.RemoteCore` across the link."""
 
     async def run(self, job: Job, client: ClientWatch) -> Outcome: ...
 
-    async def ready(self) -> dict[str, object]: ...
-
-    async def workers(self) -> list[dict[str, Any]]: ...
-
-    async def capacity(self) -> tuple[int, int, int] | None:
-        """(desired, starting, running) workers as the scaler counts them; None: a fixed
-        pool (`--workers N`), whose counts the worker list gives."""
-
-    async def metrics_text(self) -> bytes: ...
-
-    async def cell(self) -> dict[str, Any]: ...
-
-    async def models(self, method: str, name: str | None, version: str | None,
-                     body: bytes) -> tuple[int, dict[str, Any]]: ...
+    async def status(self, call: StatusCall, *args: Any) -> Any:
+        """The core's answer to `call` (`StatusCall` says what each answers);
+        CoreUnavailable if the core cannot be asked."""
 
 
 class Routes:
@@ -163,23 +154,24 @@ class Routes:
         return Response(orjson.dumps(body), media_type=JSON)
 
     async def readyz(self, request: Request) -> Response:
-        body = await self.core.ready()
+        body = await self.core.status(StatusCall.READY)
         return Response(orjson.dumps(body), status_code=200 if body["ready"] else 503,
                         media_type=JSON)
 
     async def metrics_text(self, request: Request) -> Response:
-        return Response(await self.core.metrics_text(), media_type="text/plain; version=0.0.4")
+        text = await self.core.status(StatusCall.METRICS_TEXT)
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     async def admin_workers(self, request: Request) -> Response:
         if not self.keys.is_admin(request.headers.get("authorization")):
             return error_response("unauthorized", "an admin key is required")
-        workers = await self.core.workers()
-        capacity = await self.core.capacity()
-        if capacity is None:
+        workers = await self.core.status(StatusCall.WORKERS)
+        capacity = await self.core.status(StatusCall.CAPACITY)
+        if capacity is None:  # a fixed pool: its size is its workers'
             capacity = pool_capacity(Counter(str(w["state"]) for w in workers))
         desired, starting, running = capacity
         body = {"workers": workers, "desired": desired, "starting": starting,
-                "running": running, **await self.core.cell()}
+                "running": running, **await self.core.status(StatusCall.CELL)}
         return Response(orjson.dumps(body), media_type=JSON)
 
     async def admin_models(self, request: Request) -> Response:
@@ -191,8 +183,8 @@ class Routes:
         body = await request.body() if request.method == "PUT" else b""
         if len(body) > self.limits.max_body_bytes:
             return error_response("body_too_large", "the body is too large")
-        status, value = await self.core.models(request.method, params.get("name"),
-                                               params.get("version"), body)
+        status, value = await self.core.status(StatusCall.MODELS, request.method,
+                                               params.get("name"), params.get("version"), body)
         return Response(orjson.dumps(value), status_code=status, media_type=JSON)
 
 

@@ -4,7 +4,8 @@ The idempotency store (`MemoryIdempotencyStore`: lead, join or replay, bounded p
 the durable layer behind it that outlives processes (`--state`: the `KeptState` seam,
 `SqliteState` for an embedded file, `RedisState` for a server cells share, loaded only by
 `open_state` since it needs the `redis` client) and `BackedStore`, which puts one in front
-of the other. Only the front door (`api.door`) uses them.
+of the other. Only the front door (`api.door`) uses them; the rate limits cells share take
+the Redis layer's connection (`redis_client`): one per process.
 """
 
 from api.kept.backed import BUSY_POLL_S, LEASE_MARGIN_S, BackedStore
@@ -20,7 +21,7 @@ from api.kept.idempotency import (
     Replay,
     StoredResponse,
 )
-from api.kept.opening import open_state
+from api.kept.opening import open_state, redis_client
 from api.kept.seam import Busy, Claim, Claimed, KeptState, Stored
 from api.kept.spec import Owner, RedisSettings, SqliteSettings
 from api.kept.sqlite import SqliteState
@@ -51,4 +52,5 @@ __all__ = [
     "Stored",
     "StoredResponse",
     "open_state",
+    "redis_client",
 ]

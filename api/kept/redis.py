@@ -17,6 +17,10 @@ Every call is bounded: the connection and the call each time out after `timeout`
 hands out at most `max_connections` and waits `timeout` for one, and nothing is retried
 here. Any failure raises `StateUnavailable`; the next call connects again, so the store
 coming back needs no restart.
+
+The client (`connect`: the one place this process builds one) is the process's one
+connection pool to that Redis: the rate limits cells share there take it
+(`api.kept.redis_client`), and it is closed with the store.
 """
 
 from __future__ import annotations
@@ -74,29 +78,38 @@ return 0
 """
 
 
+def connect(settings: RedisSettings) -> Redis:
+    """A client of the Redis `settings` names, connecting on its first call: every call
+    bounded by `timeout`, at most `max_connections` at once, no retries inside the client
+    (a failed call fails at once; the caller asks again later)."""
+    s = settings
+    pool = BlockingConnectionPool(
+        host=s.host, port=s.port, db=s.db, max_connections=s.max_connections,
+        timeout=s.timeout, socket_timeout=s.timeout, socket_connect_timeout=s.timeout,
+        retry=Retry(NoBackoff(), 0))
+    return Redis(connection_pool=pool)
+
+
 class RedisState:
-    """`KeptState` on a Redis server, through the `redis` client's asyncio API."""
+    """`KeptState` on a Redis server, through the `redis` client's asyncio API. `client`:
+    its connection pool, made here and connecting on its first call."""
 
     def __init__(self, settings: RedisSettings) -> None:
         self._settings = settings
         self._tokens = itertools.count(1)
-        self._client: Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        self.client = connect(settings)
+        self._scripts: dict[str, Any] = {
+            name: self.client.register_script(text) for name, text in
+            (("claim", CLAIM), ("store", STORE), ("release", RELEASE), ("extend", EXTEND))}
+        self._open = False
 
     async def open(self) -> None:
-        """Make the client (connecting lazily). A store that is down now is only logged:
-        keyed requests get 503 until it answers."""
+        """Start serving (the client connects lazily). A store that is down now is only
+        logged: keyed requests get 503 until it answers."""
+        self._open = True
         s = self._settings
-        pool = BlockingConnectionPool(
-            host=s.host, port=s.port, db=s.db, max_connections=s.max_connections,
-            timeout=s.timeout, socket_timeout=s.timeout, socket_connect_timeout=s.timeout,
-            retry=Retry(NoBackoff(), 0))
-        self._client = Redis(connection_pool=pool)
-        self._scripts = {name: self._client.register_script(text) for name, text in
-                         (("claim", CLAIM), ("store", STORE), ("release", RELEASE),
-                          ("extend", EXTEND))}
         try:
-            await self._call(self._client.ping())
+            await self._call(self.client.ping())
         except StateUnavailable as exc:
             log.warning("the state store %s:%d is not answering (%s); keyed requests are "
                         "refused until it does", s.host, s.port, exc)
@@ -129,13 +142,15 @@ class RedisState:
         await self._run("extend", scope, key, token, _ms(lease))
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
+        """Close the client's connections (the shared rate limits' too: the server is
+        draining)."""
+        if self._open:
+            self._open = False
             with anyio.move_on_after(self._settings.timeout):
-                await client.aclose(close_connection_pool=True)
+                await self.client.aclose(close_connection_pool=True)
 
     async def _run(self, script: str, scope: str, key: str, *args: Any) -> Any:
-        if self._client is None:
+        if not self._open:
             raise StateUnavailable("the state store is not open")
         name = f"bgk:{len(scope)}:{scope}:{key}"
         return await self._call(self._scripts[script](keys=[name], args=list(args)))
@@ -161,4 +176,4 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-__all__ = ["RedisState"]
+__all__ = ["RedisState", "connect"]

@@ -15,7 +15,16 @@ import jsonschema
 import pytest
 
 from api.config import Settings, load_keys
-from api.http import ClientWatch, Job, Limits, Outcome, Routes, document, http_app
+from api.http import (
+    ClientWatch,
+    Job,
+    Limits,
+    Outcome,
+    Routes,
+    StatusCall,
+    document,
+    http_app,
+)
 from api.metrics import Metrics
 from gpu_pool import WorkerInfo
 
@@ -64,6 +73,9 @@ class StatusCore:
     async def models(self, method: str, name: str | None, version: str | None,
                      body: bytes) -> tuple[int, dict[str, Any]]:
         return 404, {}
+
+    async def status(self, call: StatusCall, *args: Any) -> Any:
+        return await getattr(self, call.value)(*args)
 
 
 @asynccontextmanager

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from api.cli import build_parser, main, refuse_public_demo_keys, settings_from
-from api.config import Settings
+from api.config import Settings, Workers
 from api.door import hang_settings, latency_floor
 
 BATCHGATE = str(Path(sys.executable).parent / "batchgate")  # the installed console script
@@ -31,7 +31,7 @@ def test_sim_pads_batches_to_100_ms() -> None:
 
 def test_environment_variables_set_flags_and_flags_win() -> None:
     s = settings(["--workers", "3"], {"BATCHGATE_WORKERS": "7", "BATCHGATE_MAX_WAIT_MS": "20"})
-    assert s.workers == 3 and s.max_wait_ms == 20.0
+    assert s.workers == Workers(3) and s.max_wait_ms == 20.0
 
 
 @pytest.mark.parametrize(
@@ -82,3 +82,11 @@ def test_ray_address_defaults_to_rays_own_variable() -> None:
     given = settings(["--pool", "ray", "--ray-address", "other:6379"])
     assert with_ray(given, env).ray_address == "other:6379"
     assert with_ray(settings([]), env).ray_address is None  # the process pool ignores it
+
+
+def test_gpus_are_asked_of_torch_only_when_not_given() -> None:
+    from api.cli import with_gpus
+
+    assert with_gpus(settings(["--gpus", "2"])).gpus == 2
+    assert with_gpus(settings(["--model", "sim"])).gpus == 0  # sim needs no GPU
+    assert with_gpus(settings(["--pool", "ray"])).gpus == 0  # actors find their own

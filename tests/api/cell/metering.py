@@ -8,9 +8,11 @@ import socket
 from prometheus_client import Counter, Gauge, Histogram
 
 from api.config import Settings
+from api.gateway import Lifeline
 
 
-def count_and_exit(settings: Settings, link: str, sock: socket.socket, slot: int) -> None:
+def count_and_exit(settings: Settings, link: str, sock: socket.socket, slot: int,
+                   lifeline: Lifeline) -> None:
     # Created here, not at import: the folder comes from the environment the test set.
     Counter("served", "requests served").inc()
     Histogram("took_seconds", "time per request").observe(0.01)

@@ -13,8 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from api.cell import CoreProcess
-from api.cell.supervisor import CoreTarget
+from api.cell import Child, CoreTarget, core_process
 from api.config import Settings
 from tests.api.cell.cores import dies_before_ready, first_dies_once_up, serves
 
@@ -27,9 +26,9 @@ def anyio_backend() -> str:
 
 
 def core(tmp_path: Path, target: CoreTarget, changed: Callable[[], None] = lambda: None
-         ) -> CoreProcess:
-    return CoreProcess(Settings(model="sim"), 0, str(tmp_path / "link.sock"),
-                       tmp_path / "cell.json", changed, target=target)
+         ) -> Child:
+    return core_process(Settings(model="sim"), str(tmp_path / "link.sock"), "cell-a", changed,
+                        target=target)
 
 
 def events(tmp_path: Path) -> list[str]:
@@ -54,7 +53,7 @@ async def test_a_core_that_dies_once_up_is_replaced_by_the_next_incarnation(
     tmp_path: Path,
 ) -> None:
     changes: list[dict[str, object]] = []
-    process: CoreProcess | None = None
+    process: Child | None = None
 
     def changed() -> None:
         assert process is not None

@@ -24,12 +24,12 @@ from starlette.types import Receive, Scope, Send
 import api.gateway.remote as remote_module
 from api.cell import LinkServer
 from api.cell.link import _GatewayConnection
-from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, TierPolicy, load_keys
+from api.config import DEFAULT_TIERS, KeyRing, Principal, Settings, TierPolicy, Workers, load_keys
 from api.door import Door, Service, build_door
 from api.errors import CoreUnavailable
 from api.gateway import RemoteCore, RemoteRoute, run_message
 from api.gateway.remote import _CoreConnection, _Settles
-from api.http import Answered, Job, Rendered, Routes, http_app
+from api.http import Answered, Job, Rendered, Routes, StatusCall, http_app
 from api.metrics import Metrics
 from batcher import Tier
 from tests.api.serving import serving
@@ -85,11 +85,11 @@ async def core(
     ran = tmp_path / "ran.txt"
     ran.touch()
     monkeypatch.setenv("BATCHGATE_TEST_COUNT_FILE", str(ran))  # the spawned worker's
-    settings = Settings(model="tests.models:counting", workers=1, ready_timeout_s=120,
+    settings = Settings(model="tests.models:counting", workers=Workers(1), ready_timeout_s=120,
                         batch_latency_ms=BATCH_S * 1000, max_wait_ms=1)
     service, door, status, _ = build_door(settings, KeyRing({}, frozenset(), tiers=limits),
                                        Metrics())
-    server = LinkServer(door, service.clock, status)
+    server = LinkServer(door, service.clock, status.table)
     path = str(tmp_path / "link.sock")
     async with anyio.create_task_group() as tg:
         await tg.start(service.run)
@@ -416,9 +416,9 @@ async def test_a_gateway_s_calls_to_a_core_that_stops_answering_end_in_503(
         await remote.connect()
         assert remote._conn is not None and remote._conn.transport is not None
         with anyio.fail_after(10):
-            assert (await remote.ready())["ready"] is False
+            assert (await remote.status(StatusCall.READY))["ready"] is False
             with pytest.raises(CoreUnavailable):
-                await remote.workers()
+                await remote.status(StatusCall.WORKERS)
         assert not remote.calls
         routes = Routes(remote, Settings(model="sim"), load_keys(EXAMPLE_KEYS), Metrics())
         async with serving(http_app(routes, no_lifespan)) as port, httpx.AsyncClient(

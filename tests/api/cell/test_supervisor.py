@@ -7,12 +7,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
-from api.cell import SCRATCH_PREFIX, Gateways, GatewayState, sweep_scratch
+from api.cell import SCRATCH_PREFIX, ChildState, Gateways, sweep_scratch
 from api.config import Settings
 from batcher.shared import Backoff
 from tests.api.cell.dying import exit_at_once
@@ -51,31 +50,34 @@ def test_only_a_dead_cores_unserved_folder_is_swept(tmp_path: Path) -> None:
     assert live.is_dir() and unnamed.is_dir() and served.is_dir()
 
 
-class Counted(Gateways):
-    """Says when its gateways have been spawned `until` times."""
+class Counted:
+    """Says when the gateway has been spawned `until` times (each spawn is up at once)."""
 
-    def __init__(self, until: int, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, until: int) -> None:
         self.until, self.spawns, self.enough = until, 0, anyio.Event()
+        self.gateways: Gateways | None = None
 
-    def _spawn(self, slot: Any) -> None:
-        super()._spawn(slot)
-        self.spawns += 1
-        if self.spawns == self.until:
-            self.enough.set()
+    def changed(self) -> None:
+        assert self.gateways is not None
+        if self.gateways.children[0].state is ChildState.RUNNING:
+            self.spawns += 1
+            if self.spawns == self.until:
+                self.enough.set()
 
 
 async def test_a_gateway_that_keeps_dying_is_restarted_ever_later(tmp_path: Path) -> None:
     """The pool's backoff: each death in a row waits twice as long, up to the cap."""
     backoff = Backoff(first=0.05, cap=0.2, stable_after=60.0)
     with socket.socket() as sock:
-        gateways = Counted(5, Settings(model="sim", gateways=1), str(tmp_path / "link"), sock,
-                           backoff=backoff, target=exit_at_once)
-        gateways.start()
+        counted = Counted(5)
+        gateways = counted.gateways = Gateways(
+            Settings(model="sim", gateways=1), str(tmp_path / "link"), sock, backoff=backoff,
+            target=exit_at_once, changed=counted.changed)
+        await gateways.start()
         with anyio.fail_after(60):
-            await gateways.enough.wait()
+            await counted.enough.wait()
         info = gateways.info()[0]
-        assert info["restarts"] == 4 and info["state"] == GatewayState.RUNNING.value
-        assert gateways._slots[0].failures == 4 and backoff.delay(4) == 0.2
+        assert info["restarts"] == 4 and info["state"] == ChildState.RUNNING.value
+        assert gateways.children[0].failures == 4 and backoff.delay(4) == 0.2
         await gateways.stop()
-        assert gateways.info()[0]["state"] == GatewayState.STOPPED.value
+        assert gateways.info()[0]["state"] == ChildState.STOPPED.value

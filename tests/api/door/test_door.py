@@ -1,4 +1,4 @@
-"""`Door.submit_all` and `Door.conclude`: a frame of jobs of several callers and tiers, each
+"""`Door.submit` and `Door.conclude`: a frame of jobs of several callers and tiers, each
 refused exactly as it would be alone (rate limits per key and per account, then admission by
 the core), the rest queued in order; a concluded job's unanswered items are withdrawn.
 
@@ -62,9 +62,21 @@ def door_over(core: QueueCore | CoreOwner, clock: Clock,
     return Door(core, clock, RateLimiter(tiers), store, pressure, Metrics())
 
 
+class Taken:
+    """`Admitted`: what the door made of a frame (the cell's own buckets: at once)."""
+
+    def __init__(self) -> None:
+        self.results: list[list[Item] | Rendered] = []
+
+    def admitted(self, collations: Sequence[Waiter], results: Sequence[list[Item] | Rendered],
+                 late: float) -> None:
+        self.results += results
+
+
 def submit(door: Door, jobs: Sequence[Job]) -> tuple[list[Waiter], list[list[Item] | Rendered]]:
-    waiters = [Waiter(len(j.texts)) for j in jobs]
-    return waiters, door.submit_all(jobs, waiters)
+    waiters, taken = [Waiter(len(j.texts)) for j in jobs], Taken()
+    door.submit(jobs, waiters, taken)
+    return waiters, taken.results
 
 
 def status(outcome: Outcome | list[Item]) -> int:

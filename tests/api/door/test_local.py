@@ -19,14 +19,14 @@ import pytest
 import uvicorn
 from anyio.abc import ByteStream, TaskGroup
 
-from api.config import DEFAULT_TIERS, KeyRing, Settings
+from api.config import DEFAULT_TIERS, KeyRing, Settings, Workers
 from api.door import Built, LocalRoute, build
 from api.http import server_config
 from batcher import Tier
 from tests.api.door.fakes import FakePool
 
 pytestmark = pytest.mark.anyio
-SETTINGS = Settings(workers=1, batch_latency_ms=100, max_wait_ms=1, log_level="warning")
+SETTINGS = Settings(workers=Workers(1), batch_latency_ms=100, max_wait_ms=1, log_level="warning")
 KEYS = KeyRing({}, frozenset())  # everyone anonymous, free tier
 
 
@@ -52,7 +52,7 @@ def process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 async def served(pool: FakePool, keys: KeyRing = KEYS
                  ) -> AsyncIterator[tuple[httpx.AsyncClient, Built]]:
     """The single process over `pool`, on a free loopback port, its lifespan run."""
-    settings = replace(SETTINGS, workers=pool.size)
+    settings = replace(SETTINGS, workers=Workers(pool.size))
     built = build(settings, keys, pool=pool)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from api.config import DEFAULT_TIERS, Settings
+from api.config import DEFAULT_TIERS, Settings, Workers
 from api.door import (
     Service,
     StatusView,
@@ -24,7 +24,7 @@ from batcher import Closed, FlushPolicy, Item, ItemId, Tier
 from tests.api.door.fakes import FakePool, Waiter
 
 IDS = itertools.count(1)
-SETTINGS = Settings(workers=1, batch_latency_ms=100, max_wait_ms=1, ready_timeout_s=5)
+SETTINGS = Settings(workers=Workers(1), batch_latency_ms=100, max_wait_ms=1, ready_timeout_s=5)
 
 
 def service_over(pool: FakePool, settings: Settings = SETTINGS) -> Service:
@@ -129,7 +129,7 @@ async def test_the_service_reports_started_only_once_its_workers_are_ready() -> 
 
 @pytest.mark.anyio
 async def test_a_service_whose_workers_never_come_up_fails_loudly() -> None:
-    settings = Settings(workers=1, ready_timeout_s=0.05)
+    settings = Settings(workers=Workers(1), ready_timeout_s=0.05)
     with pytest.raises(ExceptionGroup) as caught:
         async with anyio.create_task_group() as tg:
             await tg.start(service_over(FakePool(up=False), settings).run)

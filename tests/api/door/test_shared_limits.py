@@ -1,7 +1,9 @@
 """Rate limits shared by cells through one real Redis (`api.door.shared_limits`): the script's
 buckets decide as `RateLimiter` does (burst, refill, both-or-neither, Retry-After), two
 limiters on one Redis (two cells) admit together what one would, and while Redis is out
-the cell's own buckets decide, the outage costing one timeout, not one per request.
+the cell's own buckets decide, the outage costing one timeout, not one per request. As the
+door's rate step, a frame is admitted as the cell's own buckets would admit it, and the
+single process's limits ride on its kept answers' Redis connection.
 
 Every test runs against a real redis-server (`tests.redis_server`), skipped where none is
 installed."""
@@ -15,7 +17,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -28,14 +30,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from api.config import KeyRing, Principal, Settings, TierPolicy
-from api.door import Door, RateLimiter, SharedLimits, SharedLocalRoute, build
-from api.door.shared_limits import bucket_names, connect
+from api.config import KeyRing, Principal, Settings, TierPolicy, Workers, parse_state
+from api.door import Door, LocalRoute, RateLimiter, RateStep, SharedLimits, build
+from api.door.shared_limits import bucket_names
 from api.errors import RateLimited
 from api.http import Job, Rendered, server_config
-from api.kept import MemoryIdempotencyStore
+from api.kept import MemoryIdempotencyStore, Owner, RedisSettings
+from api.kept.redis import RedisState, connect
 from api.metrics import Metrics
-from batcher import LoopClock, Tier
+from batcher import Item, LoopClock, Tier
 from tests.api.door.fakes import FakePool, QueueCore, Waiter
 from tests.redis_server import RedisServer, running_redis
 
@@ -86,10 +89,22 @@ class Clock:
         return self.t
 
 
-def limiter(url: str, limits: dict[Tier, TierPolicy] = LIMITS, metrics: Metrics | None = None,
-            clock: Clock | None = None) -> SharedLimits:
-    return connect(url, limits, RateLimiter(limits), metrics or Metrics(),
-                   clock or time.monotonic)
+def redis_settings(url: str) -> RedisSettings:
+    spec = parse_state(url)
+    return RedisSettings(spec.host, spec.port, spec.db, Owner("test-cell"), ttl=60)
+
+
+@asynccontextmanager
+async def limiter(url: str, limits: dict[Tier, TierPolicy] = LIMITS,
+                  metrics: Metrics | None = None, clock: Clock | None = None
+                  ) -> AsyncIterator[SharedLimits]:
+    """Shared limits on a client built as the kept answers' is (`api.kept`), closed after."""
+    client = connect(redis_settings(url))
+    try:
+        yield SharedLimits(client, limits, RateLimiter(limits), metrics or Metrics(),
+                           clock or time.monotonic)
+    finally:
+        await client.aclose(close_connection_pool=True)
 
 
 async def passed(shared: SharedLimits, checks: list[tuple[Principal, float]]) -> list[bool]:
@@ -101,42 +116,32 @@ def errors(metrics: Metrics) -> float:
 
 
 async def test_a_burst_passes_then_the_rate_holds(fresh: str) -> None:
-    shared = limiter(fresh)
-    try:
+    async with limiter(fresh) as shared:
         assert sum(await passed(shared, [(KEY_A, 1.0)] * 20)) == 5
         assert sum([await shared.check_all([(KEY_A, 1.0)]) == [None] for _ in range(3)]) == 0
-    finally:
-        await shared.aclose()
 
 
 async def test_a_refusal_by_the_account_spends_nothing_of_the_key(fresh: str) -> None:
-    shared = limiter(fresh, {t: replace(POLICY, account_burst=3) for t in Tier})
-    try:
+    async with limiter(fresh, {t: replace(POLICY, account_burst=3) for t in Tier}) as shared:
         assert await passed(shared, [(KEY_A, 1.0)] * 4) == [True, True, True, False]
         key, account = bucket_names(KEY_A)
         client = Redis.from_url(fresh)
         assert float(await client.hget(key, "tokens") or -1) == pytest.approx(2, abs=0.01)
         assert float(await client.hget(account, "tokens") or -1) < 1
         await client.aclose()
-    finally:
-        await shared.aclose()
 
 
 async def test_retry_after_is_the_later_of_the_two_waits(fresh: str) -> None:
     tight = replace(POLICY, rate=1, burst=1, account_rate=0.25, account_burst=1)
-    shared = limiter(fresh, {t: tight for t in Tier})
-    try:
+    async with limiter(fresh, {t: tight for t in Tier}) as shared:
         await shared.check(KEY_A)
         with pytest.raises(RateLimited) as info:
             await shared.check(KEY_A)
         assert info.value.retry_after == 4  # the account's token comes in 4 s, the key's in 1
-    finally:
-        await shared.aclose()
 
 
 async def test_tokens_come_back_at_the_rate(fresh: str) -> None:
-    shared = limiter(fresh, {t: replace(POLICY, rate=20, burst=1) for t in Tier})
-    try:
+    async with limiter(fresh, {t: replace(POLICY, rate=20, burst=1) for t in Tier}) as shared:
         started = time.monotonic()
         await shared.check(KEY_A)
         refused = 0
@@ -146,14 +151,11 @@ async def test_tokens_come_back_at_the_rate(fresh: str) -> None:
                 await anyio.sleep(0.005)  # Redis's clock must move: the condition is time
         assert refused > 0
         assert time.monotonic() - started >= 1 / 20  # a token every 50 ms
-    finally:
-        await shared.aclose()
 
 
 async def test_buckets_expire_once_full_again_and_hold_no_api_key(fresh: str) -> None:
     quick = replace(POLICY, rate=10, burst=5, account_rate=2, account_burst=8)
-    shared = limiter(fresh, {t: quick for t in Tier})
-    try:
+    async with limiter(fresh, {t: quick for t in Tier}) as shared:
         await shared.check(KEY_A)
         client = Redis.from_url(fresh)
         key, account = bucket_names(KEY_A)
@@ -164,8 +166,6 @@ async def test_buckets_expire_once_full_again_and_hold_no_api_key(fresh: str) ->
         await client.aclose()
         assert sorted(names) == sorted([key, account])
         assert not any("secret" in name for name in names)
-    finally:
-        await shared.aclose()
 
 
 CALLERS = st.sampled_from([KEY_A, KEY_B, ANON, Principal(Tier.PAID, "acct", "a-secret-key")])
@@ -191,11 +191,8 @@ def test_a_frame_is_decided_as_the_local_limiter_decides_it_at_one_instant(
         client = Redis.from_url(redis_url)
         await client.flushdb()
         await client.aclose()
-        shared = limiter(redis_url, tiers)
-        try:
+        async with limiter(redis_url, tiers) as shared:
             return [None if r is None else r.retry_after for r in await shared.check_all(frame)]
-        finally:
-            await shared.aclose()
 
     assert asyncio.run(shared_decisions()) == expected
 
@@ -206,7 +203,6 @@ async def test_two_cells_on_one_redis_admit_together_at_most_burst_plus_rate_tim
     rate, burst = 50.0, 20.0
     tiers = {t: replace(POLICY, rate=1e6, burst=1e6, account_rate=rate, account_burst=burst)
              for t in Tier}
-    cells = [limiter(fresh, tiers), limiter(fresh, tiers)]
     admitted = [0, 0]
 
     async def hammer(cell: int, until: float) -> None:
@@ -214,13 +210,11 @@ async def test_two_cells_on_one_redis_admit_together_at_most_burst_plus_rate_tim
             admitted[cell] += sum(await passed(cells[cell], [(KEY_A, 1.0), (KEY_B, 1.0)]))
 
     started = time.monotonic()
-    try:
+    async with limiter(fresh, tiers) as one, limiter(fresh, tiers) as two:
+        cells = [one, two]
         async with anyio.create_task_group() as tg:
             for cell in (0, 1):
                 tg.start_soon(hammer, cell, started + 1.0)
-    finally:
-        for shared in cells:
-            await shared.aclose()
     allowed = burst + rate * (time.monotonic() - started)
     assert sum(admitted) <= allowed + 1  # one account, two keys, two cells: one bucket
     assert sum(admitted) >= 0.8 * allowed  # and it was taken, not refused throughout
@@ -231,8 +225,7 @@ async def test_a_stopped_redis_falls_back_to_the_cells_buckets_then_comes_back(
     server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock, metrics = Clock(), Metrics()
-    shared = limiter(server.url, metrics=metrics, clock=clock)
-    try:
+    async with limiter(server.url, metrics=metrics, clock=clock) as shared:
         assert sum(await passed(shared, [(KEY_A, 1.0)] * 2)) == 2  # shared: 3 left
         server.stop()
         with caplog.at_level(logging.ERROR, "batchgate.limits"):
@@ -246,17 +239,14 @@ async def test_a_stopped_redis_falls_back_to_the_cells_buckets_then_comes_back(
         clock.t += 1.0
         assert await passed(shared, [(KEY_B, 1.0)] * 6) == [True] * 5 + [False]
         assert not shared.out and errors(metrics) == 1
-    finally:
-        await shared.aclose()
 
 
 async def test_a_hung_redis_costs_one_timeout_then_the_cell_decides_at_once(
     server: RedisServer
 ) -> None:
     metrics = Metrics()
-    shared = connect(server.url, LIMITS, RateLimiter(LIMITS), metrics)
     assert server.process is not None
-    try:
+    async with limiter(server.url, metrics=metrics) as shared:
         await shared.check(KEY_A)  # connected
         os.kill(server.process.pid, signal.SIGSTOP)
         try:
@@ -271,56 +261,78 @@ async def test_a_hung_redis_costs_one_timeout_then_the_cell_decides_at_once(
             os.kill(server.process.pid, signal.SIGCONT)
         assert 0.4 <= timed_out < 2.0  # TIMEOUT_S, once
         assert after < 0.1 and errors(metrics) == 1
-    finally:
-        await shared.aclose()
 
 
 def frame_door(limits: dict[Tier, TierPolicy], shared: SharedLimits | None) -> Door:
     store = MemoryIdempotencyStore(ttl=60, max_entries=100)
-    return Door(QueueCore(), LoopClock(), RateLimiter(limits), store, lambda tier: 0.0,
-                Metrics(), shared)
+    rates: RateStep = RateLimiter(limits) if shared is None else shared
+    return Door(QueueCore(), LoopClock(), rates, store, lambda tier: 0.0, Metrics())
+
+
+class Taken:
+    """`Admitted`: what the door made of a frame, once its rate step decided."""
+
+    def __init__(self) -> None:
+        self.results: list[list[Item] | Rendered] = []
+        self.done = anyio.Event()
+
+    def admitted(self, collations: Sequence[Waiter], results: Sequence[list[Item] | Rendered],
+                 late: float) -> None:
+        self.results += results
+        self.done.set()
+
+
+async def submitted(door: Door, jobs: list[Job]) -> list[list[Item] | Rendered]:
+    """`door.submit` of a frame, its rate step run meanwhile: the frame's results."""
+    taken = Taken()
+    async with anyio.create_task_group() as tg:
+        await tg.start(door.rates.run)
+        door.submit(jobs, [Waiter(1) for _ in jobs], taken)
+        await taken.done.wait()
+        tg.cancel_scope.cancel()
+    return taken.results
 
 
 async def test_the_door_refuses_and_admits_a_shared_frame_as_it_does_a_local_one(
     fresh: str
 ) -> None:
     jobs = [Job(who, ["x"], True, 10.0) for who in [KEY_A] * 6 + [KEY_B] * 4 + [ANON] * 7]
-    shared = limiter(fresh)
-    try:
-        local = frame_door(LIMITS, None).submit_all(jobs, [Waiter(1) for _ in jobs])
+    async with limiter(fresh) as shared:
+        local = await submitted(frame_door(LIMITS, None), jobs)
         door = frame_door(LIMITS, shared)
-        results = await door.submit_shared(jobs, [Waiter(1) for _ in jobs])
-    finally:
-        await shared.aclose()
+        results = await submitted(door, jobs)
     codes = [[r.status if isinstance(r, Rendered) else 200 for r in out]
              for out in (local, results)]
     assert codes[1] == codes[0] == [200] * 5 + [429] + [200] * 3 + [429] + [200] * 5 + [429] * 2
 
 
 async def test_the_doors_run_checks_the_shared_buckets(fresh: str) -> None:
-    shared = limiter(fresh)
-    try:
+    async with limiter(fresh) as shared, anyio.create_task_group() as tg:
         door = frame_door(LIMITS, shared)
+        await tg.start(door.rates.run)
         outcomes = [await door.run(Job(KEY_A, ["x"], True, 0.01)) for _ in range(6)]
-    finally:
-        await shared.aclose()
+        tg.cancel_scope.cancel()
     # Admitted and never answered by the fake core (504), until the key's burst is spent.
     assert [o.status for o in outcomes if isinstance(o, Rendered)] == [504] * 5 + [429]
 
 
 @asynccontextmanager
 async def single_process(url: str, monkeypatch: pytest.MonkeyPatch
-                         ) -> AsyncIterator[tuple[httpx.AsyncClient, SharedLocalRoute]]:
+                         ) -> AsyncIterator[tuple[httpx.AsyncClient, LocalRoute]]:
     """The single process (`api.door.build`) with `--state url` over a fake pool, served by
     uvicorn with batchgate's protocol on a free loopback port, its lifespan run."""
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", exits.append)  # the lifespan's exit if the core fails
     thresholds = gc.get_threshold()
-    settings = Settings(workers=2, batch_latency_ms=10, max_wait_ms=1, log_level="warning",
+    settings = Settings(workers=Workers(2), batch_latency_ms=10, max_wait_ms=1, log_level="warning",
                         state=url)
     pool = FakePool(size=2)
     built = build(settings, KeyRing({}, frozenset()), pool=pool)
-    assert isinstance(built.direct, SharedLocalRoute)
+    assert isinstance(built.direct, LocalRoute)
+    kept = built.service.kept
+    assert kept is not None and isinstance(kept.durable, RedisState)
+    assert isinstance(built.direct.door.rates, SharedLimits)  # on the kept answers' client
+    assert built.direct.door.rates._script.registered_client is kept.durable.client
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -347,8 +359,8 @@ async def test_the_direct_way_is_not_held_up_while_a_check_asks_a_hung_redis_aga
 ) -> None:
     assert server.process is not None
     async with single_process(server.url, monkeypatch) as (client, route):
-        shared = route.door.shared
-        assert shared is not None
+        shared = route.door.rates
+        assert isinstance(shared, SharedLimits)
 
         async def post() -> tuple[int, float]:
             started = time.monotonic()
@@ -365,7 +377,7 @@ async def test_the_direct_way_is_not_held_up_while_a_check_asks_a_hung_redis_aga
             probe: list[tuple[int, float]] = []
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: _append(probe, post()))  # asks Redis: hangs
-                while route.checking == 0:  # noqa: ASYNC110
+                while shared.checking == 0:  # noqa: ASYNC110
                     await anyio.sleep(0.001)
                 meanwhile = await post()
                 assert probe == []  # overtaken

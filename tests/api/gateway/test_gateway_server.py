@@ -1,5 +1,5 @@
-"""A gateway's uvicorn server leaves shutdown to its core: the signals a process group's kill
-brings (SIGTERM, SIGINT) change nothing, the core's STOP_SIGNAL stops it, and none of them is
+"""A gateway's uvicorn server leaves shutdown to its supervisor: the signals a process group's kill
+brings (SIGTERM, SIGINT) change nothing, the supervisor's STOP stops it, and no signal is
 raised again once uvicorn is done (which would end the gateway by the signal's default)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import FrameType
 import pytest
 import uvicorn
 
-from api.gateway import STOP_SIGNAL, GatewayServer
+from api.gateway import GatewayServer
 
 
 async def app(scope: object, receive: object, send: object) -> None:
@@ -43,10 +43,10 @@ def test_sigterm_and_sigint_leave_a_gateway_serving(raised_again: list[int]) -> 
     assert raised_again == []
 
 
-def test_the_cores_stop_signal_stops_a_gateway(raised_again: list[int]) -> None:
+def test_the_supervisors_stop_stops_a_gateway(raised_again: list[int]) -> None:
     server = GatewayServer(uvicorn.Config(app))
     with server.capture_signals():
-        server.handle_exit(STOP_SIGNAL, None)  # as gateway_main installs it
+        server.stop()  # as the gateway does on its lifeline's STOP
         assert server.should_exit and not server.force_exit
     assert raised_again == []
 

@@ -22,7 +22,7 @@ import pytest
 from api.config import Principal
 from api.gateway import RemoteCore, run_message
 from api.gateway.frames import HOST_CLOCK, Message
-from api.http import Answered, Job, Outcome, Rendered
+from api.http import Answered, Job, Outcome, Rendered, StatusCall
 from batcher import Tier
 
 pytestmark = pytest.mark.anyio
@@ -130,7 +130,8 @@ async def test_held_jobs_go_again_to_the_next_core_with_their_own_deadlines(
     sent = {m[1]: m for m in first.runs()}
     first.kill()
     await until(lambda: not remote.connected)
-    assert (await remote.ready())["ready"] is False  # not ready while no core is there
+    # not ready while no core is there
+    assert (await remote.status(StatusCall.READY))["ready"] is False
     late = Got()
     late_rid = remote.submit(job("meanwhile"), late)  # sent with the others, later
     withdrawn = remote.submit(job("withdrawn"), Got())
@@ -180,7 +181,7 @@ async def test_calls_in_flight_fail_when_the_core_goes(tmp_path: Path) -> None:
         outcome: list[object] = []
 
         async def ask() -> None:
-            outcome.append(await remote.ready())
+            outcome.append(await remote.status(StatusCall.READY))
 
         tg.start_soon(ask)
         await first.wait_heard(lambda heard: any(m[0] == "call" for m in heard))

@@ -26,6 +26,7 @@ from api.http import (
     Job,
     Rendered,
     Routes,
+    StatusCall,
     http_app,
 )
 from api.http.access_log import AccessLog, hot, record
@@ -127,6 +128,9 @@ class AsgiCore:
 
     async def cell(self) -> dict[str, Any]:
         return {"gateways": [], "core": None}
+
+    async def status(self, call: StatusCall, *args: Any) -> Any:
+        return await getattr(self, call.value)(*args)
 
 
 class Instant(DirectRoute):

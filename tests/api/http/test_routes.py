@@ -23,6 +23,7 @@ from api.http import (
     Outcome,
     Rendered,
     Routes,
+    StatusCall,
     http_app,
     rendered,
 )
@@ -70,6 +71,9 @@ class FakeCore:
 
     async def cell(self) -> dict[str, Any]:
         return {"gateways": [{"slot": 0}], "core": {"pid": 7}}
+
+    async def status(self, call: StatusCall, *args: Any) -> Any:
+        return await getattr(self, call.value)(*args)
 
 
 def routes_over(core: FakeCore) -> Routes:
