@@ -434,6 +434,25 @@ def retry_lines(run: StepRun, share: float = 0.2) -> list[str]:
     return lines
 
 
+def timing_lines(run: StepRun, margin_s: float = 0.1) -> list[str]:
+    """The figures tests/e2e/test_scaling.py leaves to this command (they depend on how busy
+    the machine is): paid P99 against its budget (`margin_s` for the generator's lateness and
+    loopback HTTP), and how long free refusals went on once the pool was at its maximum."""
+    p99, total = run.peak.classes["paid"].latency.p99, run.total("paid", "ok")
+    over = run.over_budget("request_duration")
+    lines = [f"  paid P99 {p99 * 1e3:.0f} ms against the {PAID_BUDGET_S * 1e3:.0f} ms budget + "
+             f"{margin_s * 1e3:.0f} ms: {'within' if p99 <= PAID_BUDGET_S + margin_s else 'OVER'};"
+             f" over the budget by the server's clock: {over} of {total} "
+             f"({over / max(total, 1):.1%}, the rule's aim is at most 1 %)"]
+    r, four = run.peak_refusals(), run.reached_max()
+    if r.last is None or four is None:
+        return [*lines, "  free refusals against the pool at its maximum: "
+                        f"{'no refusal' if r.last is None else 'the maximum never came'}"]
+    return [*lines, f"  free refusals went on {r.last - four:+.1f} s past the pool at "
+                    f"{run.plan.max_workers} (the queue admitted before it drains; within "
+                    f"{run.slack_s:.1f} s on a quiet machine)"]
+
+
 def report(run: StepRun, verbose: bool = False) -> str:
     p, peak = run.plan, run.peak
     paid, free = peak.classes["paid"], peak.classes["free"]
@@ -461,6 +480,7 @@ def report(run: StepRun, verbose: bool = False) -> str:
         f"{free.latency.p99 * 1e3:.0f} ms",
         "free refusals watched one by one (Retry-After vs the capacity that ended them):",
         *retry_lines(run),
+        "what depends on the machine's pace:", *timing_lines(run),
         f"pool: {p.max_workers} running at {_at(run.reached_max(), run.step_at)}; first "
         f"retired {_at(run.first_retired(), run.peak_end, 's after the peak')}; back to "
         f"{p.min_workers} {_at(run.back_to_min(), run.peak_end, 's after the peak')}",

@@ -1,6 +1,13 @@
 """Suite-wide settings: hypothesis judges properties, not speed (a busy CI machine is slow),
 and how `scripts/test` spreads the suite over two processes."""
 
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -11,16 +18,75 @@ settings.load_profile("batchgate")
 
 
 SIDE = ("ray/", "failover/", "batcher/", "gpu_pool/", "loadtest/")
-"""What runs beside the rest (`scripts/test`): the Ray cluster's run (tests/ray, about 4
-minutes, a subprocess in a namespace of its own), then the virtual-time and pool tests."""
+"""What runs beside the rest (`scripts/test`): the Ray cluster's run (tests/ray, a subprocess
+in a namespace of its own), the virtual-time and pool tests, and the end-to-end tests'
+runs against a cell (`CELL`); the HTTP surface and the single-process runs take the other
+process. The two take about as long (about 4.5 minutes each on two quiet cores)."""
+
+CELL = "[gateways=2"  # tests/e2e/conftest.py's `gateways` parameter, first in an id's brackets
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With `-n 2 --dist loadgroup` (scripts/test), the tests under `SIDE` go to one worker,
-    in order, and everything else (the HTTP surface and the end-to-end runs) to the other:
-    the suite then takes about the time of the longer of the two."""
-    for item in items:
-        path = item.nodeid.removeprefix("tests/")
-        group = "side" if path.startswith(SIDE) else "main"
-        item.add_marker(pytest.mark.xdist_group(group))
+def side_of(nodeid: str) -> str:
+    """"side" for a test under `SIDE` or an end-to-end test's run against a cell, "main"
+    for the rest."""
+    path = nodeid.removeprefix("tests/")
+    return "side" if path.startswith(SIDE) or CELL in nodeid else "main"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reap_orphans_here()
+
+
+def reap_orphans_here() -> None:
+    """Make this process the reaper of its descendants' orphans (Linux's child subreaper).
+    A server's children that outlive it (the multiprocessing resource tracker leaves just
+    after it) are then this process's, and whoever waits for them (psutil, as
+    `loadtest.server.stop_server` does) reaps them at once; left to the container's init they
+    stay zombies until it reaps, which here took 1.5 s at every server's stop. Not in the Ray
+    namespace's run (tests/ray/test_namespace.py): Ray's processes there keep their parents."""
+    from loadtest.netns import loopback_only
+
+    if sys.platform != "linux" or loopback_only():
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # pragma: no cover - old kernels
+        warnings.warn(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}",
+                      stacklevel=1)
+
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `-n 2 --dist loadgroup` (scripts/test) the groups are the suite's two sides, drawn
+    from the path: each runs whole, in order, on a worker of its own, and the suite takes
+    about the time of the longer one. xdist's own loadgroup reads `xdist_group` marks and
+    appends `@group` to every node id, which pytest cannot take back: a failure's printed id
+    would not run again when pasted. Other `--dist` modes are xdist's."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class TwoSides(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling whose scopes are the two sides (as its `loadfile` mode
+        is the same scheduling with files for scopes)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return side_of(nodeid)
+
+    return TwoSides(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What ran inside another run (tests/ray/test_namespace.py), counted by that run: one
+    line each, where the outer run reports one test."""
+    from tests.ray.test_namespace import INSIDE
+
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            for name, told in getattr(report, "user_properties", ()):
+                if name == INSIDE:
+                    terminalreporter.write_line(str(told))

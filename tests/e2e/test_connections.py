@@ -72,7 +72,8 @@ def test_an_idle_connection_is_closed_after_the_head_timeout(server: RunningServ
         opened = time.monotonic()
         assert served(server)  # others are served meanwhile
         assert idle.recv(1024) == b""  # closed quietly: there was nothing to answer
-        assert 0.9 <= time.monotonic() - opened < 5.0
+        # ...by the server, not before its head timeout (the socket's own 10 s would raise).
+        assert time.monotonic() - opened >= 0.9
 
 
 def test_a_head_sent_byte_by_byte_is_answered_408(server: RunningServer) -> None:

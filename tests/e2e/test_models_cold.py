@@ -35,7 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 IDLE_UNLOAD_S = 2
 HURRIED_S = 0.3  # a deadline shorter than any load
 HURRIED = {**PAID, "X-Request-Timeout-Ms": str(int(HURRIED_S * 1000))}
-UNLOAD_WITHIN_S = 40.0  # the minimum residency (10 s) and idle_unload_s, with room
+UNLOAD_WITHIN_S = 90.0  # the minimum residency (10 s) and idle_unload_s: a bound, with
+# room for a busy machine (a quiet one unloads both within about 15 s)
 COLD = f"""
 [models.a]
 [models.a.versions.v1]
@@ -119,7 +120,7 @@ async def test_a_refused_request_starts_the_load_its_retry_after_points_to(
     await unloaded(server, "d")
     await refused_while_cold(server, "d")
     await wait_models(server.url, lambda v: version_of(v, "d", "v1")["state"] == "resident",
-                      within=15.0)
+                      within=45.0)  # a bound: a quiet machine loads it within a few seconds
     r = await ask(server.url, "d", text="retry", headers=HURRIED)
     assert r.status_code == 200, r.text
     assert r.json()["output"] == v2(["retry"])[0]

@@ -118,6 +118,8 @@ async def test_a_rollout_under_load_never_waits_on_the_new_version_then_retires_
     # ...then from v2: once a v2 answer has come back, nothing sent later runs on v1.
     first_v2 = min(s.done for s in shots if s.model == "m@v2")
     assert all(s.model == "m@v2" for s in shots if s.sent > first_v2)
-    # No request waited on the cold version: none took anything like its load.
-    slowest = max(shots, key=lambda s: s.latency)
-    assert slowest.latency < LOAD_S / 2, slowest
+    # No request waited on the cold version: the default moved once v2 was resident (above),
+    # and nothing that v2 answered was sent before a load of it could have ended. (How long
+    # the slowest took is a figure, printed: on a quiet machine far less than the load.)
+    assert all(s.sent >= marks["put"] + LOAD_S for s in shots if s.model == "m@v2")
+    print(f"slowest: {max(shots, key=lambda s: s.latency)}")

@@ -4,8 +4,8 @@ account's burst plus its rate over the window, though each alone was offered mor
 While Redis is out, unkeyed requests go on being answered (each cell's own buckets decide);
 once it is back, the buckets are shared again.
 
-Both gateway counts run: a single process checks on the direct way (`SharedLocalRoute`), a
-cell checks a gateway's frame in the core (the link's shared connection)."""
+Both gateway counts run: a single process checks the direct way's frames of one, a cell a
+gateway's frames in the core, each through the door's one way in with the shared rate step."""
 
 from __future__ import annotations
 

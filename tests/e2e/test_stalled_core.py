@@ -61,9 +61,8 @@ async def post(client: httpx.AsyncClient, text: str, into: dict[str, httpx.Respo
 
 
 async def probe_ready(client: httpx.AsyncClient, into: dict[str, tuple[int, float]]) -> None:
-    started = time.monotonic()
     r = await client.get("/readyz")
-    into["readyz"] = (r.status_code, time.monotonic() - started)
+    into["readyz"] = (r.status_code, time.monotonic())  # when it was answered
 
 
 async def test_a_stalled_core_times_requests_from_their_arrival_and_kills_no_worker(
@@ -93,8 +92,9 @@ async def test_a_stalled_core_times_requests_from_their_arrival_and_kills_no_wor
                         await anyio.sleep(STALL_S)  # the stall's length: the scenario
                     finally:
                         os.kill(core, signal.SIGCONT)
-            status, waited = ready["readyz"]
-            assert status == 503 and waited < STALL_S, ready
+                        continued = time.monotonic()
+            status, answered = ready["readyz"]
+            assert status == 503 and answered < continued, ready  # while the core stood still
             for way in ("direct", "asgi"):
                 r = answers[way]
                 assert r.status_code == 504, (way, r.text)

@@ -1,5 +1,6 @@
-"""Every test here needs Ray and a loopback-only network namespace; outside one they skip,
-and `test_namespace.py` runs them all again inside one it makes."""
+"""Every test here needs Ray and a loopback-only network namespace: `test_namespace.py` runs
+them all inside one it makes. Outside one the others are not collected (they run, and are
+counted, inside), and a test named on the command line skips and says why."""
 
 from __future__ import annotations
 
@@ -16,18 +17,30 @@ if TYPE_CHECKING:
 
 
 NEEDS_RAY = "Ray is not installed: pip install 'batchgate[ray]'"
+HERE = Path(__file__).parent
+RUNNER = "test_namespace.py"
+
+
+def inside_only(path: Path) -> bool:
+    """A test module of this folder that runs only inside the namespace."""
+    return path.parent == HERE and path.name.startswith("test_") and path.name != RUNNER
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Outside a loopback-only namespace, a walk of the tree leaves the namespace's tests to
+    the runner (pytest still collects a module named on the command line)."""
+    return True if inside_only(collection_path) and not loopback_only() else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Outside a loopback-only namespace, skip all but the runner (each module also skips
-    where Ray is not installed: `pytest.importorskip`)."""
+    """Outside a loopback-only namespace, a namespace's test named on the command line
+    skips (each module also skips where Ray is not installed: `pytest.importorskip`)."""
     if loopback_only():
         return
     skip = pytest.mark.skip(reason="Ray here runs on loopback only: test_namespace.py runs "
-                                   "this test inside a namespace of its own")
-    here = Path(__file__).parent
+                                   "this test inside a network namespace of its own")
     for item in items:
-        if item.path.parent == here and item.path.name != "test_namespace.py":
+        if inside_only(item.path):
             item.add_marker(skip)
 
 

@@ -1,0 +1,1 @@
+"""The documentation held to the repository: its links resolve, and its examples run."""
