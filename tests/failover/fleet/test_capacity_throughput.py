@@ -1,9 +1,9 @@
 """The scaling rule plans with what the versions' cores measure a worker to drain: one
 version's throughput as it is; several versions' as the capacity per worker that runs their
 mix (the demand-weighted harmonic mean). With the real rule, in virtual time: at one steady
-load, a version whose batches take 300 ms asks for about three times the workers of one
-whose batches take 100 ms, and one of 25 ms for what is left of a quarter (the floor); a new
-worker goes to the version whose demand keeps the most of its workers busy."""
+load, a version whose batches take three times as long asks for about three times the
+workers, one four times as fast for a quarter (down to the floor); a new worker goes to the
+version whose demand keeps the most of its workers busy."""
 
 from __future__ import annotations
 
