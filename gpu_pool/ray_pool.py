@@ -3,17 +3,15 @@ process pool. Needs Ray (`pip install 'batchgate[ray]'`); `gpu_pool` never impor
 module itself, so the process pool runs without Ray.
 
 Each slot holds one actor incarnation at a time, with a fresh `WorkerId`. Every call's
-answer comes back as an event on the event loop (a done-callback on the call's future,
-handed over with `call_soon_threadsafe`), never a blocking wait. A death is seen through
-the actor's `sentinel` call, pending for the actor's whole life, or through a failed batch,
-whichever comes first, and is reported once: an actor crash, `ray.kill` (the hang
-watchdog's `kill`) and a lost node all look alike. Before a death is reported, Ray is asked
-which nodes are dead (a few milliseconds), and the dead actor's raylet is knocked on: one
-that refuses the connection is a lost node even before Ray's health checks say so (they
-take several periods). Every actor of a lost node is reported in the same turn. A dead
-slot gets a new actor once its death is reported (the ready of a restart never precedes the
-death that announced it), after the process pool's backoff; the new one waits, `pending`, until
-the cluster has room for it, and meanwhile the pool simply runs smaller.
+answer comes back as an event on the event loop (a done-callback handed over with
+`call_soon_threadsafe`), never a blocking wait. A death is seen through the actor's
+`sentinel` call, pending for its whole life, or a failed batch, and is reported once: a
+crash, `ray.kill` and a lost node look alike. Before it is reported, Ray is asked which
+nodes are dead and the actor's raylet is knocked on (one that refuses the connection is a
+lost node before Ray's health checks say so); every actor of a lost node is reported in
+the same turn. Only then does the slot get a new actor, after the pool's backoff (a
+restart's ready never precedes the death that announced it); it waits, `pending`, until
+the cluster has room, and meanwhile the pool simply runs smaller.
 
 With a memory bound, an actor that says with its answer that it holds more is killed while
 it is idle and its slot gets a new actor at once, under the same worker id, as the process
@@ -32,8 +30,8 @@ its slot removed once Ray says it is dead; a start taken back is killed, its slo
 In a cell (`RayPoolSettings.cell`) the actors are detached and named for the cell's slots,
 so they outlive a core that dies abruptly: the next core finds each slot's newest actor
 alive and claims it (`gpu_pool.ray_actor`), its model already loaded, instead of starting
-one, whichever version it holds, if the pool names it (`RayPoolSettings.claimable`: the
-actor says which in its claim's answer, and its ready event carries it); an actor that cannot
+one, whichever version it holds, if the pool names it (`RayPoolSettings.claimable`: its
+ready event carries it); an actor that cannot
 be claimed within the ready timeout (the dead core's batch hangs on it) is killed and
 replaced; one of a slot beyond the first `workers` (added by scaling) is killed. A pool
 that stops, drained or cancelled, kills its actors, so nothing is left on the cluster; an
@@ -119,12 +117,10 @@ class RayPool(SlotPool[_Slot]):
         # What an earlier core's actor may hold to be claimed; grows with every switch.
         self._claimable = {self._config(load) for load in (*loads, *settings.claimable)}
         self._owns_ray = False
-        self._dying: list[WorkerId] = []  # dead, to be reported once their nodes are checked
-        # What each death in `_dying` reports: its slot (restarted once it is reported), the
-        # version, the start its slot carries out.
+        # The dead, reported once their nodes are checked: slot, version, its restart.
         self._died: dict[WorkerId, tuple[_Slot, str, StartId | None]] = {}
-        self._suspects: set[str] = set()  # the nodes of `_dying`: is each one lost?
-        self._deaths = anyio.Event()  # set when `_dying` gains one
+        self._suspects: set[str] = set()  # the nodes of `_died`: is each one lost?
+        self._deaths = anyio.Event()  # set when `_died` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -421,9 +417,8 @@ class RayPool(SlotPool[_Slot]):
 
     def _lost(self, slot: _Slot, worker: WorkerId, *, kill: bool = True) -> None:
         """The incarnation is gone, or must go: kill it (unless another core owns it); its
-        death is reported once, after its node is checked, and only then is its slot
-        restarted (`_report_deaths`): the restart's ready never comes before the death that
-        announced it. Not one the core switched away: its slot starts the new version."""
+        death is reported, then its slot restarted, once its node is checked
+        (`_report_deaths`). Not one the core switched away: its slot starts the new one."""
         if slot.switched_out == worker:
             if kill:
                 self._let_go(slot)
@@ -443,7 +438,6 @@ class RayPool(SlotPool[_Slot]):
         self._slots.forget(worker)
         if not self._slots.stopping:
             log.warning("worker %s (slot %d, node %s) died", worker, slot.index, slot.node)
-        self._dying.append(worker)
         self._died[worker] = (slot, slot.version, self._restart_of(slot))
         if slot.node != "-":
             self._suspects.add(slot.node)
@@ -466,7 +460,7 @@ class RayPool(SlotPool[_Slot]):
         return self._settings.pool.restart
 
     def _unreported(self) -> Collection[WorkerId]:
-        return self._dying
+        return self._died
 
     async def _renew(self, every: float) -> None:
         """Renew each placed actor's lease, `every` seconds, as long as the pool runs."""
@@ -485,8 +479,8 @@ class RayPool(SlotPool[_Slot]):
         while True:
             await self._deaths.wait()
             self._deaths = anyio.Event()
-            while self._dying:
-                checked = list(self._dying)  # later deaths wait for a check of their own
+            while self._died:
+                checked = list(self._died)  # later deaths wait for a check of their own
                 suspects, self._suspects = self._suspects, set()
                 lost: set[str] = set()
                 with anyio.move_on_after(NODE_CHECK_S):  # Ray's control plane may hang
@@ -496,9 +490,7 @@ class RayPool(SlotPool[_Slot]):
                 dead = [s.worker for s in neighbours if s.switched_out != s.worker]
                 for slot in neighbours:
                     self._lost(slot, slot.worker)
-                report = checked + dead
-                self._dying = [w for w in self._dying if w not in report]
-                for worker in report:
+                for worker in checked + dead:
                     slot, version, restart = self._died.pop(worker)
                     self._events.worker_died(worker, version, restart)
                     if restart is not None:  # only now: its ready must follow the death

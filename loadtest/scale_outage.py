@@ -32,18 +32,9 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadtest.scale_step import (
-    ADMIN,
-    MODEL,
-    PAID_BUDGET_S,
-    Observed,
-    mix,
-    model_args,
-    offer_watching,
-    up_at,
-    write_keys,
-)
+from loadtest.scale_step import MODEL, mix, model_args, write_keys
 from loadtest.server import running_server
+from loadtest.watch import ADMIN, PAID_BUDGET_S, Observed, offer_watching, up_at
 from tests.models_scaling import REFUSE_ENV  # importing it loads nothing (its load is lazy)
 
 

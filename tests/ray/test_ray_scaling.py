@@ -21,8 +21,9 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
-from loadtest.scale_step import MODEL, Observed, mix, model_args, offer_watching, write_keys
+from loadtest.scale_step import MODEL, mix, model_args, write_keys
 from loadtest.server import running_server
+from loadtest.watch import Observed, offer_watching
 from tests.ray.lab import Lab, Worker, in_state, up, wait_workers
 
 pytestmark = pytest.mark.e2e

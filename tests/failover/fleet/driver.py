@@ -137,7 +137,7 @@ class World:
 
     def __post_init__(self) -> None:
         self.spy = Spy(SwitchCost(PLACEMENT))
-        self.cores = ModelCores(self.catalogue, self.make_core, self.spy)
+        self.cores = self.build_cores()
         self.spy.cores = self.cores
         self.spy.note()
         initial = self.cores.initial(self.slots_n)  # up at once: no start to count
@@ -145,6 +145,10 @@ class World:
             self.slots.append(self.first_slot(index, version))
         for slot in list(self.slots):
             self.ready(slot)
+
+    def build_cores(self) -> ModelCores:
+        """The cores under test, placing through the spy."""
+        return ModelCores(self.catalogue, self.make_core, self.spy)
 
     def first_slot(self, index: int, version: str) -> Slot:
         """The pool's slot `index`, loading `version` for its first start."""

@@ -33,15 +33,12 @@ from failover.fleet.capacity import STEP_S, Capacity
 from failover.fleet.catalogue import Catalogue, split_key
 from failover.fleet.cores import ModelCores
 from failover.fleet.ledger import LATE_SHARE
-from failover.fleet.placement import SwitchCost
 from gpu_pool import Origin, Run, StartId, WorkerId
 from tests.failover.fleet.driver import (
     LATENCY,
     MAX_BATCH,
-    PLACEMENT,
     SETTINGS,
     Slot,
-    Spy,
     World,
     learned,
 )
@@ -128,16 +125,10 @@ class ScaledWorld(World):
     def __post_init__(self) -> None:
         self.scaler = Recording(self.scaling)
         self.capacity = Capacity(self.scaler)
-        self.spy = Spy(SwitchCost(PLACEMENT))
-        self.cores = ModelCores(self.catalogue, self.new_core, self.spy, self.capacity,
-                                self.backoff)
-        self.spy.cores = self.cores
-        self.spy.note()
-        initial = self.cores.initial(self.slots_n)  # up at once: no start to count
-        for index, version in enumerate(initial):
-            self.slots.append(self.first_slot(index, version))
-        for slot in list(self.slots):
-            self.ready(slot)
+        super().__post_init__()
+
+    def build_cores(self) -> ModelCores:
+        return ModelCores(self.catalogue, self.new_core, self.spy, self.capacity, self.backoff)
 
     def first_slot(self, index: int, version: str) -> Slot:
         return ScaledSlot(self.new_worker(), version, "loading", 0.0,
