@@ -1,6 +1,6 @@
 """Tier queues, the flush policy, admission, and the batcher that joins them.
 
-Offers the nouns (`Item`, `Tier`, `FlushReason`), the bounded queues, the pure flush
+Offers the nouns (`Item`, `Tier`, `FlushReason`, `VersionKey`), the bounded queues, the pure flush
 decision, the synchronous batcher (the batching half of the dispatch core), admission
 control and the injected clock. The small pieces every process shares (framing, backoff)
 are `batcher.shared`.
@@ -22,7 +22,17 @@ from batcher.errors import (
 )
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import QueueStatistics, TierQueues
-from batcher.types import LANE_OF, MAX_BATCH, FlushReason, Item, ItemId, ItemSink, Lane, Tier
+from batcher.types import (
+    LANE_OF,
+    MAX_BATCH,
+    FlushReason,
+    Item,
+    ItemId,
+    ItemSink,
+    Lane,
+    Tier,
+    VersionKey,
+)
 
 __all__ = [
     "LANE_OF",
@@ -56,4 +66,5 @@ __all__ = [
     "Throughput",
     "Tier",
     "TierQueues",
+    "VersionKey",
 ]

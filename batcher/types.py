@@ -1,8 +1,10 @@
-"""The nouns of batching: tiers, items, flush reasons, and the sink an item answers to."""
+"""The nouns of batching: tiers, items, flush reasons, version keys, and the sink an item
+answers to."""
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import NewType, Protocol
 
@@ -51,6 +53,54 @@ class FlushReason(enum.Enum):
     RETRY = "retry"
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_SHOWN = 64  # characters of a text quoted back in an error
+
+
+class VersionKey(str):
+    """One version of one model, "model@version", the name every part of batchgate gives
+    it: the core's routing, the pool's slots, metrics' labels, an answer's `model` field.
+
+    A `str`, so that it is a dict key, a label and a frame field as it is and costs
+    nothing on the hot path; its parts are read by name (`model`, `version`), never
+    split by hand. Made by `of` or `parse`, which check both names (letters, digits,
+    `_`, `.`, `-`: a key splits one way); a plain `str` is not one (mypy says so).
+    """
+
+    __slots__ = ()
+
+    @staticmethod
+    def is_name(text: str) -> bool:
+        """Whether `text` may name a model or a version."""
+        return _NAME.fullmatch(text) is not None
+
+    @classmethod
+    def of(cls, model: str, version: str) -> VersionKey:
+        """The key of `version` of `model`; ValueError unless both are names."""
+        if not (_NAME.fullmatch(model) and _NAME.fullmatch(version)):
+            raise ValueError(f"{model[:_SHOWN]!r}, {version[:_SHOWN]!r}: a model and a "
+                             "version are names (letters, digits, _ . -)")
+        return cls(f"{model}@{version}")
+
+    @classmethod
+    def parse(cls, text: str) -> VersionKey:
+        """The key `text` spells ("model@version"); ValueError for anything else."""
+        if isinstance(text, VersionKey):
+            return text
+        model, at, version = text.partition("@")
+        if not (at and _NAME.fullmatch(model) and _NAME.fullmatch(version)):
+            raise ValueError(f"{text[:_SHOWN]!r} is not a version key (model@version)")
+        return cls(text)
+
+    @property
+    def model(self) -> str:
+        return self.partition("@")[0]
+
+    @property
+    def version(self) -> str:
+        return self.partition("@")[2]
+
+
 class ItemSink(Protocol):
     """Whoever waits for an item. Called at most once per item, with an output or an error."""
 
@@ -81,11 +131,12 @@ class Item:
     flights: int = 0  # batches now running it (two while a stalled batch is hedged)
     done: bool = False  # answered, or failed for good: a twin batch's answer is dropped
     caller: str | None = None  # whose it is (an account), charged if it kills workers
-    version: str = ""  # the model version ("model@version") it runs on; "": the only one
+    version: VersionKey | None = None  # the version it runs on; None: the first model's
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""
         self.sink.item_done(self, result)
 
 
-__all__ = ["LANE_OF", "MAX_BATCH", "FlushReason", "Item", "ItemId", "ItemSink", "Lane", "Tier"]
+__all__ = ["LANE_OF", "MAX_BATCH", "FlushReason", "Item", "ItemId", "ItemSink", "Lane", "Tier",
+           "VersionKey"]

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from batcher import Admission, AdmissionSettings, Batcher, FlushPolicy, Tier, TierQueues
+from batcher import Admission, AdmissionSettings, Batcher, FlushPolicy, Tier, TierQueues, VersionKey
 from failover.core import DispatchCore
 from failover.hang import BatchTimes, HangSettings
 from failover.table import InFlightTable
@@ -42,9 +42,9 @@ def longest_batch(settings: CoreSettings) -> float | None:
     return room if 0 < room < math.inf else None
 
 
-def build_core(settings: CoreSettings, times: BatchTimes | None = None, version: str = ""
-               ) -> DispatchCore:
-    """A dispatch core serving `version` ("": the only one); `times` replaces the
+def build_core(settings: CoreSettings, times: BatchTimes | None = None,
+               version: VersionKey | None = None) -> DispatchCore:
+    """A dispatch core serving `version` (None: the only one); `times` replaces the
     batch-time record built from `settings.hang` (a test's, primed as if batches had
     run)."""
     admission = Admission(AdmissionSettings(

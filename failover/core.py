@@ -32,6 +32,7 @@ from batcher import (
     Item,
     Throughput,
     Tier,
+    VersionKey,
 )
 from failover.errors import (
     CallerRefused,
@@ -41,7 +42,7 @@ from failover.errors import (
     ShuttingDown,
     SuspectInput,
 )
-from failover.groups import Group, Kind
+from failover.groups import Group, Rerun
 from failover.offenders import Offenders
 from failover.quarantine import Quarantine
 from failover.table import InFlightTable, TableStatistics
@@ -63,7 +64,7 @@ class Send:
     run: Run
     reason: FlushReason | None
     idle_gap: float | None = None
-    version: str = ""  # the model version of the core that cut it (metrics)
+    version: VersionKey | None = None  # the model version of the core that cut it (metrics)
 
 
 @dataclass(slots=True)
@@ -74,14 +75,14 @@ class CoreActions:
     kill: list[WorkerId] = field(default_factory=list)
     settle: list[Result] = field(default_factory=list)
     # Model time of answered batches, with the version that ran each (metrics).
-    batch_seconds: list[tuple[float, str]] = field(default_factory=list)
+    batch_seconds: list[tuple[float, VersionKey | None]] = field(default_factory=list)
     forgive: list[WorkerId] = field(default_factory=list)  # deaths pinned on an input
     # An idle worker to another version, and the start that loads it.
-    switch: list[tuple[WorkerId, str, StartId]] = field(default_factory=list)
-    grow: list[tuple[str, StartId]] = field(default_factory=list)  # a new worker, its start
+    switch: list[tuple[WorkerId, VersionKey, StartId]] = field(default_factory=list)
+    grow: list[tuple[VersionKey, StartId]] = field(default_factory=list)  # a new worker, its start
     retire: list[WorkerId] = field(default_factory=list)  # idle workers leaving for good
     cancel_start: list[StartId] = field(default_factory=list)  # starts taken back
-    loaded: list[tuple[str, float]] = field(default_factory=list)  # loads measured (metrics)
+    loaded: list[tuple[VersionKey, float]] = field(default_factory=list)  # loads measured (metrics)
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
@@ -142,8 +143,8 @@ class CoreStatistics:
 
 class DispatchCore:
     def __init__(self, batcher: Batcher, table: InFlightTable, admission: Admission,
-                 version: str = "") -> None:
-        """`version`: the model version it serves, for metrics ("": the only one)."""
+                 version: VersionKey | None = None) -> None:
+        """`version`: the model version it serves, for metrics (None: the only one)."""
         self._batcher = batcher
         self._table = table
         self._admission = admission
@@ -261,10 +262,10 @@ class DispatchCore:
         policy = self._batcher.policy
         return idle > 1 and policy.idle_trigger and policy.spare_capacity(self._capacity(now))
 
-    def resolve(self, model: str | None, sticky: str | None) -> str:
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None:
         """The version a request runs on: a core of one version serves whatever it is
-        asked for ("": its own)."""
-        return ""
+        asked for (None: its own)."""
+        return None
 
     def cancel(self, item: Item) -> bool:
         """The waiter gave up: never run this item (O(1)). True when the owner must take a
@@ -278,7 +279,7 @@ class DispatchCore:
 
     # -- the pool's events -----------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: str = "") -> CoreActions:
+                     version: VersionKey | None = None) -> CoreActions:
         """`start`, `version`: the start it ends and what it holds, for a core of several
         (`failover.fleet`); one version's core serves whatever its workers hold."""
         self._table.worker_up(worker)
@@ -309,7 +310,7 @@ class DispatchCore:
         changed, when it is busy or unknown."""
         return self._table.worker_left(worker)
 
-    def worker_died(self, worker: WorkerId, now: float, version: str = "",
+    def worker_died(self, worker: WorkerId, now: float, version: VersionKey | None = None,
                     restart: StartId | None = None) -> CoreActions:
         self._stop_clock(worker, now)
         actions = self._table.on_worker_died(worker, now)
@@ -470,7 +471,7 @@ class DispatchCore:
         table = self._table
         if table.peak_ready <= 1 or self._batcher.draining:
             return True
-        risky = group.killed if group.kind is Kind.ISOLATE else group.tier is not Tier.PAID
+        risky = group.killed if group.kind is Rerun.ISOLATE else group.tier is not Tier.PAID
         return not risky or table.ready_count() - table.suspect_count() >= 2
 
     def _stop_clock(self, worker: WorkerId, now: float) -> None:

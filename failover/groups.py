@@ -23,7 +23,7 @@ class Lineage:
     budget: int
 
 
-class Kind(enum.Enum):
+class Rerun(enum.Enum):
     """Why a group runs again."""
 
     RETRY = "retry"  # its batch's worker died once: run it again, whole
@@ -36,7 +36,7 @@ class Group:
     """Items waiting in the table for a worker, ahead of new batches of their tier."""
 
     items: list[Item]
-    kind: Kind
+    kind: Rerun
     lineage: Lineage | None = None
     twin: BatchId | None = None  # a hedge: the batch it copies
     tier: Tier = field(init=False)
@@ -52,9 +52,9 @@ class Group:
     def live(self) -> list[Item]:
         """The items still to run: a hedge's only while someone waits for them; a
         suspect's until it is answered or convicted."""
-        if self.kind is Kind.HEDGE:
+        if self.kind is Rerun.HEDGE:
             return [i for i in self.items if not i.done and not i.cancelled]
         return [i for i in self.items if not i.done]
 
 
-__all__ = ["Group", "Kind", "Lineage"]
+__all__ = ["Group", "Lineage", "Rerun"]

@@ -24,7 +24,7 @@ import anyio
 import anyio.lowlevel
 from anyio.abc import TaskStatus
 
-from batcher import Clock, FlushReason, Item, Tier
+from batcher import Clock, FlushReason, Item, Tier, VersionKey
 from failover.core import CoreActions, CoreStatistics, Refusal
 from failover.errors import ModelLoading
 from gpu_pool import Err, Load, Ok, Pool, StartId, WorkerId
@@ -49,19 +49,19 @@ class Core(Protocol):
         self, requests: Sequence[tuple[list[Item], float]], now: float
     ) -> tuple[list[Refusal | None], bool]: ...
 
-    def resolve(self, model: str | None, sticky: str | None) -> str: ...
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None: ...
 
     def cancel(self, item: Item) -> bool: ...
 
     def drain(self) -> None: ...
 
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: str = "") -> CoreActions: ...
+                     version: VersionKey | None = None) -> CoreActions: ...
 
     def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
         ...
 
-    def worker_died(self, worker: WorkerId, now: float, version: str = "",
+    def worker_died(self, worker: WorkerId, now: float, version: VersionKey | None = None,
                     restart: StartId | None = None) -> CoreActions: ...
 
     def poll(self, now: float) -> CoreActions: ...
@@ -88,24 +88,24 @@ class CoreObserver(Protocol):
     """Told of every batch sent and answered (metrics); must be cheap and never raise."""
 
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
-                   version: str = "") -> None:
+                   version: VersionKey | None = None) -> None:
         ...
 
-    def batch_done(self, seconds: float, version: str = "") -> None: ...
+    def batch_done(self, seconds: float, version: VersionKey | None = None) -> None: ...
 
-    def load_done(self, version: str, seconds: float) -> None:
+    def load_done(self, version: VersionKey, seconds: float) -> None:
         """A worker loaded `version` in `seconds`, from the moment it was asked for."""
 
 
 class _Unobserved:
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
-                   version: str = "") -> None:
+                   version: VersionKey | None = None) -> None:
         pass
 
-    def batch_done(self, seconds: float, version: str = "") -> None:
+    def batch_done(self, seconds: float, version: VersionKey | None = None) -> None:
         pass
 
-    def load_done(self, version: str, seconds: float) -> None:
+    def load_done(self, version: VersionKey, seconds: float) -> None:
         pass
 
 
@@ -113,7 +113,7 @@ class _Unobserved:
 class _Ready:
     worker: WorkerId
     start: StartId
-    version: str
+    version: VersionKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +126,7 @@ class _Reply:
 @dataclass(frozen=True, slots=True)
 class _Died:
     worker: WorkerId
-    version: str
+    version: VersionKey
     restart: StartId | None
 
 
@@ -144,7 +144,7 @@ class CoreOwner:
     def __init__(
         self, core: Core, pool: Pool, clock: Clock,
         observer: CoreObserver | None = None,
-        loads: Callable[[str], Load] | None = None,
+        loads: Callable[[VersionKey], Load] | None = None,
     ) -> None:
         """`loads`: what a worker switched to a version loads (several versions only)."""
         self._core = core
@@ -158,13 +158,13 @@ class CoreOwner:
         self._turned_at = -math.inf  # the clock at the start of the last turn
 
     # -- the pool's events: queued for the next turn ---------------------------------------
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
         self._post(_Ready(worker, start, version))
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         self._post(_Reply(worker, reply, self._clock.now()))
 
-    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+    def worker_died(self, worker: WorkerId, version: VersionKey, restart: StartId | None) -> None:
         self._post(_Died(worker, version, restart))
 
     def _post(self, event: _Ready | _Reply | _Died | _Change) -> None:
@@ -192,7 +192,7 @@ class CoreOwner:
             self._wake.set()
         return refusals
 
-    def resolve(self, model: str | None, sticky: str | None) -> str:
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None:
         """The version a request naming `model` runs on (raises UnknownModel); "" for a
         core of one version."""
         return self._core.resolve(model, sticky)
@@ -304,8 +304,8 @@ class CoreOwner:
             self._pool.retire(worker)
         for start in actions.cancel_start:
             self._pool.cancel_start(start)
-        for seconds, version in actions.batch_seconds:
-            observer.batch_done(seconds, version)
+        for seconds, ran in actions.batch_seconds:
+            observer.batch_done(seconds, ran)
         for version, seconds in actions.loaded:
             observer.load_done(version, seconds)
         for item, result in actions.settle:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from batcher import Item, Tier
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
-from failover.groups import Group, Kind, Lineage
+from failover.groups import Group, Lineage, Rerun
 from failover.hang import BatchTimes
 from gpu_pool import BatchId, WorkerId
 
@@ -57,7 +57,7 @@ class InFlight:
     hedge_deadline: float  # re-run elsewhere past this (inf: never)
     chars: int
     lineage: Lineage | None = None
-    kind: Kind | None = None  # None: a fresh batch
+    kind: Rerun | None = None  # None: a fresh batch
     twin: BatchId | None = None
     stall_deadline: float = math.inf  # a run of suspects: its worker is killed past this
     stalled: bool = False  # hedged: it ran far past its expected time
@@ -188,7 +188,7 @@ class InFlightTable:
             if group is None:
                 return None
             self._groups.remove(group)
-            if group.kind is Kind.HEDGE:  # its waiting flight lands
+            if group.kind is Rerun.HEDGE:  # its waiting flight lands
                 for item in group.items:
                     item.flights -= 1
             items = group.live()
@@ -291,13 +291,13 @@ class InFlightTable:
         else:
             groups = [[item] for item in items]
         self._bisect_runs += len(groups)
-        self._groups.extend(Group(group, Kind.ISOLATE, lineage) for group in groups)
+        self._groups.extend(Group(group, Rerun.ISOLATE, lineage) for group in groups)
 
     def _rerun(self, items: list[Item]) -> None:
         """Queue the survivors of a run that lost a member as one group, a fresh isolation.
         Each such re-run holds fewer items than the run before it: bounded."""
         self._bisect_runs += 1
-        self._groups.append(Group(items, Kind.ISOLATE, Lineage(self._bisect_budget)))
+        self._groups.append(Group(items, Rerun.ISOLATE, Lineage(self._bisect_budget)))
 
     def requeue(self, items: list[Item]) -> None:
         """Run again, before new work of their tier, the items of a batch whose worker
@@ -306,7 +306,7 @@ class InFlightTable:
         for tier in Tier:
             group = [i for i in items if i.tier is tier]
             if group:
-                self._groups.append(Group(group, Kind.RETRY))
+                self._groups.append(Group(group, Rerun.RETRY))
 
     def _judged(self, results: list[Result]) -> list[Result]:
         """Settled for good: no longer suspects (a convicted input is in quarantine)."""
@@ -425,7 +425,7 @@ class InFlightTable:
                 self._hedges += 1
                 for item in items:
                     item.flights += 1
-                self._groups.append(Group(items, Kind.HEDGE, twin=batch.batch_id))
+                self._groups.append(Group(items, Rerun.HEDGE, twin=batch.batch_id))
         return len(late)
 
     def postpone(self, seconds: float) -> None:
@@ -481,4 +481,4 @@ def _settled(results: list[Result]) -> list[Result]:
     return results
 
 
-__all__ = ["Actions", "Dispatch", "Group", "InFlight", "InFlightTable", "Kind", "TableStatistics"]
+__all__ = ["Actions", "Dispatch", "Group", "InFlight", "InFlightTable", "Rerun", "TableStatistics"]

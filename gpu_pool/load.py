@@ -1,7 +1,7 @@
 """What a worker slot holds: one version of one model (`Load`).
 
 A pool slot holds one resident version at a time (a GPU's memory). The version key
-("model@version") is the core's name for it and opaque here: the pool only stores it, so
+(`batcher.VersionKey`) is the core's name for it and opaque here: the pool only stores it, so
 that its events can say which version a worker holds. The spec says
 what to load, as `--model` takes it. The one-model shorthand is a single version,
 `DEFAULT_VERSION`, on every slot.
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from batcher import VersionKey
 from gpu_pool.models import default_latency_floor, validate_spec
 
-DEFAULT_VERSION = "default@v1"  # the version key of the one model `--model` names
+DEFAULT_VERSION = VersionKey.of("default", "v1")  # the version key of the one model `--model` names
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class Load:
     """One model version a slot loads. ValueError on a malformed spec or a negative floor
     (the spec is only checked for its shape: nothing is imported)."""
 
-    version: str  # "model@version": the core's key, opaque to the pool
+    version: VersionKey  # the core's name for it, opaque to the pool
     spec: str  # as --model takes it: minilm, sim, module:function
     latency_floor: float | None = None  # None: the pool's floor if set, else the spec's own
 

@@ -58,6 +58,7 @@ import ray
 from anyio.abc import TaskStatus
 from ray.exceptions import RayError
 
+from batcher import VersionKey
 from gpu_pool.load import Load
 from gpu_pool.memory import MIB
 from gpu_pool.protocol import Run, StartId, WorkerId
@@ -117,9 +118,8 @@ class RayPool(SlotPool[_Slot]):
         # What an earlier core's actor may hold to be claimed; grows with every switch.
         self._claimable = {self._config(load) for load in (*loads, *settings.claimable)}
         self._owns_ray = False
-        # The dead, reported once their nodes are checked: slot, version, its restart.
-        self._died: dict[WorkerId, tuple[_Slot, str, StartId | None]] = {}
-        self._suspects: set[str] = set()  # the nodes of `_died`: is each one lost?
+        self._died: dict[WorkerId, tuple[_Slot, VersionKey, StartId | None]] = {}
+        self._suspects: set[str] = set()  # `_died`'s nodes: the dead are told once checked
         self._deaths = anyio.Event()  # set when `_died` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from anyio.abc import TaskStatus
 
+from batcher import VersionKey
 from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.protocol import Err, Ok, Run, StartId, WorkerId
 
@@ -25,12 +26,12 @@ from gpu_pool.protocol import Err, Ok, Run, StartId, WorkerId
 class PoolEvents(Protocol):
     """Where a pool reports; called from the event loop, must not block or call back."""
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
         """Incarnation `worker`, holding `version`, is up: it ends `start`."""
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None: ...
 
-    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+    def worker_died(self, worker: WorkerId, version: VersionKey, restart: StartId | None) -> None:
         """Incarnation `worker` (holding or loading `version`) is gone. `restart`: the
         start its slot now carries out to replace it (the same start again when it died
         loading; a new one, `Origin.RESTART`, when it was up); None when the slot does not
@@ -40,13 +41,13 @@ class PoolEvents(Protocol):
 class Unstarted:
     """A pool's listener before `run` names one: no worker exists, so nothing is heard."""
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
-    def worker_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+    def worker_died(self, worker: WorkerId, version: VersionKey, restart: StartId | None) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
 
@@ -62,7 +63,7 @@ class WorkerInfo:
     batches: int
     restarts: int
     node: str = "local"
-    version: str = DEFAULT_VERSION  # the version it holds, or loads (starting, switching)
+    version: VersionKey = DEFAULT_VERSION  # the version it holds, or loads (starting, switching)
 
 
 class Pool(Protocol):

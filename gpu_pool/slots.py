@@ -48,6 +48,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
+from batcher import VersionKey
 from batcher.shared import Backoff
 from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.protocol import Origin, Run, StartId, WorkerId
@@ -95,7 +96,7 @@ class Slot:
     start: StartId | None = None  # the start under way until a worker is up for it
 
     @property
-    def version(self) -> str:
+    def version(self) -> VersionKey:
         return self.load.version if self.load else DEFAULT_VERSION
 
     @property

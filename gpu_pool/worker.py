@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from batcher import VersionKey
 from gpu_pool.load import DEFAULT_VERSION
 from gpu_pool.models import BatchModel, load_model, uses_gpu
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
@@ -27,7 +28,7 @@ class WorkerConfig:
     gpu: int | None  # CUDA device to pin, None on the CPU
     threads: int  # torch intra-op threads on the CPU
     latency_floor: float  # seconds: every batch takes at least this long
-    version: str = DEFAULT_VERSION  # the version key it holds: an actor says it when claimed
+    version: VersionKey = DEFAULT_VERSION  # the version key it holds: an actor says it when claimed
 
 
 def worker_main(conn: Connection, config: WorkerConfig) -> None:

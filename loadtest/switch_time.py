@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from batcher import VersionKey
 from gpu_pool import (
     Err,
     Load,
@@ -94,7 +95,7 @@ def make_pool(kind: str, first: Load) -> Pool:
 
 
 async def _measure(kind: str, spec: str, switches: int) -> SwitchTime:
-    versions = (Load(f"{spec}@a", spec), Load(f"{spec}@b", spec))
+    versions = (Load(VersionKey.of(spec, "a"), spec), Load(VersionKey.of(spec, "b"), spec))
     events, pool = _Ready(), make_pool(kind, versions[0])
     took: list[float] = []
     async with anyio.create_task_group() as tg:

@@ -98,7 +98,6 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
             log.info("draining")
             server.close()
             await service.drain()
-            await door.aclose()
             tg.cancel_scope.cancel()
     finally:
         supervisor.close()

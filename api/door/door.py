@@ -36,7 +36,16 @@ from api.http import (
 )
 from api.kept import IdempotencyStore
 from api.metrics import Metrics
-from batcher import BatchgateError, Clock, DeadlineExceeded, Item, ItemId, ItemSink, Tier
+from batcher import (
+    BatchgateError,
+    Clock,
+    DeadlineExceeded,
+    Item,
+    ItemId,
+    ItemSink,
+    Tier,
+    VersionKey,
+)
 
 C = TypeVar("C", bound=Collation)
 C_contra = TypeVar("C_contra", bound=Collation, contravariant=True)
@@ -52,8 +61,9 @@ class Core(Protocol):
 
     def cancel(self, item: Item) -> None: ...
 
-    def resolve(self, model: str | None, sticky: str | None) -> str:
-        """The version a request naming `model` runs on (raises UnknownModel)."""
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None:
+        """The version a request naming `model` runs on (None: a core of one version's
+        own; raises UnknownModel)."""
 
 
 class Admitted(Protocol[C_contra]):
@@ -169,9 +179,6 @@ class Door:
                     out[at] = refuse(refused, jobs[at].principal.tier)
         return out
 
-    async def aclose(self) -> None:
-        """Nothing to let go of: the rate step's connection is the kept answers'."""
-
     def conclude(self, job: Job, items: list[Item], collation: Collation,
                  now: float) -> Outcome:
         """What a submitted job's client gets, once its collation has ended (`now`: one
@@ -190,7 +197,7 @@ class Door:
 
     def new_items(
         self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink,
-        caller: str | None = None, version: str = "",
+        caller: str | None = None, version: VersionKey | None = None,
     ) -> list[Item]:
         """`caller`: the account charged if one of these inputs keeps killing workers;
         `version`: the model version they run on."""
@@ -247,12 +254,12 @@ class Door:
             item = items[0]
             return Answered(collation.outputs, (item.dispatched - item.arrived,),
                             now - item.dispatched, (item.batch,),
-                            1 + item.attempts, item.version)
+                            1 + item.attempts, item.version or "")
         waits = tuple(i.dispatched - i.arrived for i in items)
         batch = now - min(i.dispatched for i in items)
         batch_ids = tuple(sorted({i.batch for i in items}))
         return Answered(collation.outputs, waits, batch, batch_ids,
-                        1 + max(i.attempts for i in items), items[0].version)
+                        1 + max(i.attempts for i in items), items[0].version or "")
 
 
 class _Frame(Generic[C]):

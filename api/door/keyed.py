@@ -74,7 +74,7 @@ class KeptRequest(PendingRequest):
         self.model = ""  # the version its items ran on
 
     def item_done(self, item: Item, result: str | BaseException) -> None:
-        self.model = item.version
+        self.model = item.version or ""
         if not self.finished:
             super().item_done(item, result)
             return

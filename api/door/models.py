@@ -44,7 +44,7 @@ class ModelsAdmin:
         for name, model in cores.catalogue.models.items():
             versions = []
             for short, config in model.versions.items():
-                state = states.get(f"{name}@{short}")
+                state = states.get(model.key(short))
                 versions.append({
                     "version": short, "spec": config.spec,
                     "state": "retired" if config.retired else
@@ -66,7 +66,7 @@ class ModelsAdmin:
 
     def states(self) -> dict[str, str]:
         """Each live version's state, for /readyz."""
-        return {s.version: s.state for s in self._cores.versions(self._clock.now())}
+        return {str(s.version): s.state for s in self._cores.versions(self._clock.now())}
 
     def call(self, method: str, name: str | None, version: str | None, body: bytes
              ) -> Answer:

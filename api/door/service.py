@@ -28,7 +28,7 @@ from api.kept import (
     open_state,
 )
 from api.metrics import ScalingGauges, Snapshot, VersionGauges
-from batcher import FlushPolicy, MonotonicClock, Tier
+from batcher import FlushPolicy, MonotonicClock, Tier, VersionKey
 from failover import CoreObserver, CoreOwner, CoreSettings, DispatchCore, HangSettings, build_core
 from failover.fleet import (
     REASONS,
@@ -74,7 +74,7 @@ def catalogue_of(settings: Settings) -> Catalogue:
     return Catalogue.single(validate_spec(settings.model))
 
 
-def load_of(settings: Settings, catalogue: Catalogue, version: str) -> Load:
+def load_of(settings: Settings, catalogue: Catalogue, version: VersionKey) -> Load:
     """What a worker holding `version` loads, its batches padded to the flag's floor or
     else the spec's own."""
     _, config = catalogue.config_of(version)
@@ -143,14 +143,14 @@ class Service:
         self.catalogue = catalogue = catalogue_of(settings)
         catalogue.check_fits(settings.workers.min)
 
-        def make_core(version: str, serving: Catalogue) -> DispatchCore:
+        def make_core(version: VersionKey, serving: Catalogue) -> DispatchCore:
             try:
                 floor: float | None = load_of(settings, serving, version).floor(None)
             except LookupError:  # gone from the catalogue: it only drains
                 floor = None
             return build_core(core_settings(settings, tiers, floor), version=version)
 
-        def load(version: str) -> Load:
+        def load(version: VersionKey) -> Load:
             return load_of(settings, self.models.catalogue, version)
 
         self.models = ModelCores(catalogue, make_core, SwitchCost(),
@@ -241,8 +241,9 @@ class Service:
             gauges["admission_factor"][name] = pressure_factor(self.pressure(tier))
         models = self.models
         by_version = models.statistics_by_version(self.clock.now())
-        loads = {(version, why): 0 for version in by_version for why in LOAD_REASONS}
-        loads.update(models.loads)
+        loads: dict[tuple[str, str], int] = {
+            (version, why): 0 for version in by_version for why in LOAD_REASONS}
+        loads.update((counted, n) for counted, n in models.loads.items())
         capacity = self.capacity()
         return Snapshot(
             core=self.core.statistics(),

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from batcher import VersionKey
+
 if TYPE_CHECKING:  # a gateway renders no gauges and never loads the dispatch core
     from api.kept import IdempotencyStatistics
     from failover import CoreStatistics
@@ -64,9 +66,14 @@ class Snapshot:
 
 
 def split(version: str) -> Labels:
-    """A version key's labels: "topics@v2" -> ("topics", "v2")."""
-    model, _, short = version.partition("@")
-    return model, short
+    """The labels of a version key as text ("topics@v2" -> ("topics", "v2"), as a snapshot
+    or an answer brings it from another process); of what is no key, its model name:
+    ("", "") for none, a request's own "topics" as ("topics", "")."""
+    try:
+        key = VersionKey.parse(version)
+    except ValueError:
+        return version.partition("@")[0], ""
+    return key.model, key.version
 
 
 def pool_capacity(states: Mapping[str, int]) -> tuple[int, int, int]:

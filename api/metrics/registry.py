@@ -23,7 +23,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.errors import ERRORS, RETRIED
 from api.metrics.gauges import NONE, Labels, Snapshot, StatsCollector, split
-from batcher import FlushReason, Tier
+from batcher import FlushReason, Tier, VersionKey
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1,
                    2.5, 5, 10, 30)
@@ -101,7 +101,7 @@ class Metrics:
         # the model string as it comes: only served versions and models are keys.
         self._answered: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         self._waits: dict[tuple[str, str], Any] = {}
-        self._batches: dict[str, tuple[Any, Any]] = {}
+        self._batches: dict[VersionKey | None, tuple[Any, Any]] = {}
         self._labels: dict[str, Labels] = {"": NONE}  # served version keys, and ""
         self._names: set[str] = set()  # served model names
         # Those a dashboard queries exist from start-up, at zero (a series that appears with
@@ -135,15 +135,15 @@ class Metrics:
             wait.observe(seconds)
 
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
-                   version: str = "") -> None:
+                   version: VersionKey | None = None) -> None:
         (self._batches.get(version) or self._batch_children(version))[0].observe(size)
         if idle_gap is not None:
             self.idle_gap.observe(idle_gap)
 
-    def batch_done(self, seconds: float, version: str = "") -> None:
+    def batch_done(self, seconds: float, version: VersionKey | None = None) -> None:
         (self._batches.get(version) or self._batch_children(version))[1].observe(seconds)
 
-    def load_done(self, version: str, seconds: float) -> None:
+    def load_done(self, version: VersionKey, seconds: float) -> None:
         self.load_seconds.observe(seconds)
 
     def _request_children(self, tier: str, status: int, model: str, ran: bool
@@ -155,8 +155,8 @@ class Metrics:
             self._answered[tier, status, model] = children
         return children
 
-    def _batch_children(self, version: str) -> tuple[Any, Any]:
-        labels = self._labels_of(version, True)
+    def _batch_children(self, version: VersionKey | None) -> tuple[Any, Any]:
+        labels = self._labels_of(version or "", True)
         self._batches[version] = children = (self.batch_size.labels(*labels),
                                              self.batch_duration.labels(*labels))
         return children
@@ -169,7 +169,7 @@ class Metrics:
             labels = self._labels[model] = split(model)
             self._names.add(labels[0])
         elif labels is None:
-            name = model.partition("@")[0]
+            name = split(model)[0]
             labels = (name, "") if name in self._names else NONE
         return labels
 
@@ -180,7 +180,7 @@ class Metrics:
                 for status in USUAL_STATUSES:
                     self._request_children(tier, status, version, True)
                 self.queue_waited(tier, (), version)
-            self._batch_children(version)
+            self._batch_children(VersionKey.parse(version))
 
     def watch(self, snapshot: Callable[[], Snapshot]) -> None:
         """Show `snapshot`'s gauges; the versions it serves have their series from now."""

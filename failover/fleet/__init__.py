@@ -24,10 +24,8 @@ from failover.fleet.catalogue import (
     NotInCatalogue,
     VersionConfig,
     choose,
-    key,
     load_catalogue,
     parse_catalogue,
-    split_key,
 )
 from failover.fleet.cores import ModelCores
 from failover.fleet.ledger import LATE_SHARE, MEASURE_WEIGHT, Kind, Ledger, Start
@@ -94,11 +92,9 @@ __all__ = [
     "WorkerView",
     "choose",
     "initial_placement",
-    "key",
     "load_catalogue",
     "load_eta",
     "parse_catalogue",
     "pool_throughput",
     "queued_batches",
-    "split_key",
 ]

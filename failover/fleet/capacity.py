@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from batcher import VersionKey
 from failover.fleet.ledger import Ledger
 from failover.fleet.placement import VersionView
 from failover.fleet.rule import Scaler
@@ -65,7 +66,7 @@ class Idle:
     """An idle worker the rule may retire."""
 
     worker: WorkerId
-    version: str
+    version: VersionKey
     since: float  # resident since
 
 
@@ -73,7 +74,7 @@ class Idle:
 class Scaling:
     """What one step of the rule decided, for the caller to record and carry out."""
 
-    grow: list[str] = field(default_factory=list)  # a new worker holding each version
+    grow: list[VersionKey] = field(default_factory=list)  # a new worker holding each version
     take_back: StartId | None = None  # a start not yet up that demand no longer needs
     retire: WorkerId | None = None  # an idle worker leaving for good
 
@@ -102,7 +103,7 @@ class Capacity:
 
     def step(
         self, now: float, running: int, views: Sequence[VersionView], idle: Sequence[Idle],
-        start_s: Callable[[str], float], ledger: Ledger,
+        start_s: Callable[[VersionKey], float], ledger: Ledger,
     ) -> Scaling:
         """Ask the rule, the workers on their way read from `ledger`: what it decided."""
         out = Scaling()
@@ -113,7 +114,7 @@ class Capacity:
         horizon = max((start_s(v.version) for v in views if not v.retired), default=0.0)
         decision = self.scaler.decide(now, running, len(ledger.adding()), queued, horizon,
                                       pool_throughput(views, horizon))
-        adding: Counter[str] = Counter()
+        adding: Counter[VersionKey] = Counter()
         for _ in range(decision.up):
             version = self._grow_into(views, adding)
             if version is None:
@@ -132,7 +133,8 @@ class Capacity:
         return out
 
     @staticmethod
-    def _grow_into(views: Sequence[VersionView], adding: Counter[str]) -> str | None:
+    def _grow_into(views: Sequence[VersionView], adding: Counter[VersionKey]
+                   ) -> VersionKey | None:
         """The version that most needs another worker: the highest demand per worker (up
         and on their way, in workers busy at its throughput), within its model's
         max_workers; ties to the first."""

@@ -1,9 +1,9 @@
 """The catalogue: which models and versions may be served, and which version a request gets.
 
 Read from TOML (`--models FILE`, see examples/models.toml) or made from `--model SPEC` (one
-model named "default", version "v1"). A version key is "model@version"; names hold only
-letters, digits, `_`, `.` and `-`, so a key splits one way. Every object here is frozen:
-a change made while serving (`with_settings`, `retire`) returns a new catalogue, checked as
+model named "default", version "v1"). A version is named by its `VersionKey`
+("model@version"): names hold only letters, digits, `_`, `.` and `-`. Every object here is
+frozen: a change made while serving (`with_settings`, `retire`) returns a new catalogue, checked as
 a file is, so whoever holds the old one never sees half a change.
 
 A request without "@version" gets its model's weighted choice, or its default without
@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -34,10 +33,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from batcher import BatchgateError
+from batcher import BatchgateError, VersionKey
 from gpu_pool import validate_spec
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _MODEL_KEYS = ("default", "weights", "min_workers", "max_workers", "idle_unload_s", "versions")
 _VERSION_KEYS = ("spec", "load_s", "retired")
 _PERSON = b"batchgate.models"  # keys the sticky hash apart from other hashes of the same key
@@ -90,6 +88,14 @@ class ModelConfig:
     def __reduce__(self) -> tuple[Any, ...]:
         return _reduce(self)
 
+    def key(self, version: str) -> VersionKey:
+        """The key of one of its versions."""
+        return VersionKey.of(self.name, version)
+
+    @property
+    def default_key(self) -> VersionKey:
+        return VersionKey.of(self.name, self.default)
+
     def live(self) -> tuple[str, ...]:
         """The names of its versions that take new requests, in order."""
         return tuple(v for v, config in self.versions.items() if not config.retired)
@@ -141,21 +147,20 @@ class Catalogue:
     def first(self) -> ModelConfig:
         return next(iter(self.models.values()))
 
-    def versions(self) -> tuple[str, ...]:
+    def versions(self) -> tuple[VersionKey, ...]:
         """Every live version key, models in order, each model's versions in order."""
-        return tuple(key(m.name, v) for m in self.models.values() for v in m.live())
+        return tuple(m.key(v) for m in self.models.values() for v in m.live())
 
-    def config_of(self, version_key: str) -> tuple[ModelConfig, VersionConfig]:
+    def config_of(self, key: VersionKey) -> tuple[ModelConfig, VersionConfig]:
         """The model and version of a key, a retired version's too (its queue still drains);
         raises NotInCatalogue."""
-        name, _, version = version_key.partition("@")
-        model = self.models.get(name)
-        if model is None or version not in model.versions:
-            raise NotInCatalogue(f"{_shown(version_key)} is no version key of this catalogue")
-        return model, model.versions[version]
+        model = self.models.get(key.model)
+        if model is None or key.version not in model.versions:
+            raise NotInCatalogue(f"{_shown(key)} is no version key of this catalogue")
+        return model, model.versions[key.version]
 
     def resolve(self, requested: str | None, sticky: str | None = None, *,
-                rng: random.Random | None = None) -> str:
+                rng: random.Random | None = None) -> VersionKey:
         """The version key a request gets: None -> the first model; "m" -> its weighted
         choice (sticky per `sticky`, the request's Idempotency-Key), or its default without
         weights; "m@v" -> that version while it is live. Raises NotInCatalogue."""
@@ -169,10 +174,10 @@ class Catalogue:
                 if config is None or config.retired:
                     raise NotInCatalogue(f"model {name} has no live version {_shown(version)} "
                                        f"(live: {', '.join(model.live())})")
-                return key(name, version)
+                return model.key(version)
         if not model.weights:
-            return key(model.name, model.default)
-        return key(model.name, choose(model.weights, sticky, rng))
+            return model.default_key
+        return model.key(choose(model.weights, sticky, rng))
 
     def check_fits(self, workers: int) -> None:
         """Raise CatalogueError unless a pool of `workers` can keep every model's
@@ -232,19 +237,6 @@ class Catalogue:
 
     def _with(self, model: ModelConfig) -> Catalogue:
         return Catalogue({**self.models, model.name: model})
-
-
-def key(model: str, version: str) -> str:
-    """The version key "model@version"."""
-    return f"{model}@{version}"
-
-
-def split_key(version_key: str) -> tuple[str, str]:
-    """(model, version) of a version key; raises ValueError for anything else."""
-    model, at, version = version_key.partition("@")
-    if not (at and _NAME.fullmatch(model) and _NAME.fullmatch(version)):
-        raise ValueError(f"{_shown(version_key)} is not a version key (model@version)")
-    return model, version
 
 
 def choose(weights: Mapping[str, int], sticky: str | None,
@@ -367,7 +359,7 @@ def _check_weights(m: ModelConfig, path: str) -> None:
 
 
 def _check_name(name: Any, path: str, what: str) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not VersionKey.is_name(name):
         _fail(path, f"{name!r} is not a {what} name (letters, digits, _ . - only)")
 
 
@@ -414,4 +406,4 @@ def _reduce(obj: ModelConfig | Catalogue) -> tuple[Any, ...]:
 
 
 __all__ = ["Catalogue", "CatalogueError", "ModelConfig", "NotInCatalogue", "VersionConfig",
-           "choose", "key", "load_catalogue", "parse_catalogue", "split_key"]
+           "choose", "load_catalogue", "parse_catalogue"]

@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from batcher import Item, Tier
+from batcher import Item, Tier, VersionKey
 from batcher.shared import Backoff
 from failover import CoreActions, CoreStatistics, DispatchCore, Refusal
 from failover.fleet.capacity import Capacity, CapacityGauges
@@ -34,7 +34,7 @@ class ModelCores:
     """Implements `failover.Core` over one dispatch core per version."""
 
     def __init__(
-        self, catalogue: Catalogue, make_core: Callable[[str, Catalogue], DispatchCore],
+        self, catalogue: Catalogue, make_core: Callable[[VersionKey, Catalogue], DispatchCore],
         placement: Placement, capacity: Capacity | None = None,
         backoff: Backoff | None = None,
     ) -> None:
@@ -43,7 +43,7 @@ class ModelCores:
         that dies loading waits out."""
         self._make_core = make_core
         self._counts_offered = capacity is not None
-        self._cores: dict[str, DispatchCore] = {}
+        self._cores: dict[VersionKey, DispatchCore] = {}
         self._versions = Versions(catalogue)
         self._residency = Residency(Ledger(backoff), self._versions.load_hint)
         self._placing = Placing(placement, self._versions, self._residency, self._cores)
@@ -58,7 +58,7 @@ class ModelCores:
         return self._versions.catalogue
 
     @property
-    def loads(self) -> Counter[tuple[str, str]]:
+    def loads(self) -> Counter[tuple[VersionKey, str]]:
         """(version, reason) -> switches made for it (metrics read it)."""
         return self._placing.loads
 
@@ -75,7 +75,7 @@ class ModelCores:
         """Note whether one core serves everything (the one-model case takes it)."""
         self._sole = next(iter(self._cores.values())) if len(self._cores) == 1 else None
 
-    def resolve(self, model: str | None, sticky: str | None) -> str:
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey:
         return self._versions.resolve(model, sticky)
 
     # -- the front door ------------------------------------------------------------------
@@ -94,7 +94,7 @@ class ModelCores:
             for items, _ in requests:
                 self._sizing.arrived(len(items), now, items[0].tier is Tier.PAID)
         sole = self._sole
-        if sole is not None and all(r[0][0].version in (sole.version, "") for r in requests):
+        if sole is not None and all(r[0][0].version in (sole.version, None) for r in requests):
             return sole.admit_all(requests, now)
         return self._routing.admit_all(requests, now, self._draining)
 
@@ -109,8 +109,10 @@ class ModelCores:
 
     # -- the pool's events ---------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: str = "") -> CoreActions:
-        """Incarnation `worker` holds `version`, loaded for `start`."""
+                     version: VersionKey | None = None) -> CoreActions:
+        """Incarnation `worker` holds `version` (None: the first model's), loaded for
+        `start`."""
+        version = version or self.first_version()
         out = CoreActions()
         ended = self._residency.up(worker, start, version, now) if start is not None else None
         if ended is not None and ended.kind.measured:
@@ -129,12 +131,12 @@ class ModelCores:
             return CoreActions()
         return self._placed(self._cores[version].reply(worker, reply, now, at), now)
 
-    def worker_died(self, worker: WorkerId, now: float, version: str = "",
+    def worker_died(self, worker: WorkerId, now: float, version: VersionKey | None = None,
                     restart: StartId | None = None) -> CoreActions:
         """Its slot carries out `restart`: a load under way, seen by placement and the rule
         (no second worker is sent to fill the gap)."""
         serving = self._residency.version_of(worker)
-        known = self._residency.died(worker, version, restart, now)
+        known = self._residency.died(worker, version or self.first_version(), restart, now)
         self._sizing.tell_coming(now)
         if serving is not None:
             return self._placed(self._cores[serving].worker_died(worker, now), now)
@@ -178,7 +180,7 @@ class ModelCores:
             del self._cores[v]
             self._counted()
 
-    def _new_core(self, version: str) -> DispatchCore:
+    def _new_core(self, version: VersionKey) -> DispatchCore:
         core = self._make_core(version, self.catalogue)
         if self._counts_offered:
             core.count_offered()
@@ -187,11 +189,11 @@ class ModelCores:
         return core
 
     # -- start-up --------------------------------------------------------------------------
-    def initial(self, workers: int) -> list[str]:
+    def initial(self, workers: int) -> list[VersionKey]:
         """The version each of `workers` slots starts with (`Placing.initial`)."""
         return self._placing.initial(workers)
 
-    def starting(self, versions: Sequence[str], now: float) -> None:
+    def starting(self, versions: Sequence[VersionKey], now: float) -> None:
         """The pool starts a slot holding each of `versions`, in order: its first starts."""
         for slot, version in enumerate(versions):
             self._residency.ledger.first(slot, version, now, self._residency.load_s(version))
@@ -204,7 +206,7 @@ class ModelCores:
     def serving_default(self, model: str) -> str | None:
         return self._versions.serving_default(model)
 
-    def first_version(self) -> str:
+    def first_version(self) -> VersionKey:
         return self._versions.first_version()
 
     def finished(self) -> bool:
@@ -244,7 +246,7 @@ class ModelCores:
         stats = [core.statistics(now) for core in self._cores.values()]
         return stats[0] if len(stats) == 1 else CoreStatistics.merged(stats)
 
-    def statistics_by_version(self, now: float) -> dict[str, CoreStatistics]:
+    def statistics_by_version(self, now: float) -> dict[VersionKey, CoreStatistics]:
         return {version: core.statistics(now) for version, core in self._cores.items()}
 
 

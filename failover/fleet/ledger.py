@@ -21,6 +21,7 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
+from batcher import VersionKey
 from batcher.shared import Backoff
 from gpu_pool import Origin, StartId, WorkerId
 
@@ -45,13 +46,13 @@ class Kind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Start:
     id: StartId
-    version: str
+    version: VersionKey
     kind: Kind
     since: float  # when it was asked for
     eta: float  # when a worker is expected up for it
     failures: int = 0  # attempts that died loading
     worker: WorkerId | None = None  # a switch: the idle worker it takes
-    held: str = ""  # a switch: the version that worker held
+    held: VersionKey | None = None  # a switch: the version that worker held
 
     @property
     def adds_worker(self) -> bool:
@@ -67,23 +68,23 @@ class Ledger:
         self._backoff = backoff or Backoff()
         self._starts: dict[StartId, Start] = {}  # in the order asked for
         self._numbers = itertools.count(1)
-        self.measured: dict[str, float] = {}  # seconds a load of each version takes
+        self.measured: dict[VersionKey, float] = {}  # seconds a load of each version takes
 
     # -- what begins a start ---------------------------------------------------------------
-    def ask(self, kind: Kind, version: str, now: float, load_s: float,
-            worker: WorkerId | None = None, held: str = "") -> StartId:
+    def ask(self, kind: Kind, version: VersionKey, now: float, load_s: float,
+            worker: WorkerId | None = None, held: VersionKey | None = None) -> StartId:
         """A start the core asks for (`Kind.ADD`, `Kind.SWITCH`): its new id."""
         start = StartId(Origin.CORE, next(self._numbers))
         self._starts[start] = Start(start, version, kind, now, now + load_s, 0, worker, held)
         return start
 
-    def first(self, slot: int, version: str, now: float, load_s: float) -> StartId:
+    def first(self, slot: int, version: VersionKey, now: float, load_s: float) -> StartId:
         """The start the pool makes of its slot `slot` when it starts."""
         start = StartId(Origin.FIRST, slot)
         self._starts[start] = Start(start, version, Kind.FIRST, now, now + load_s)
         return start
 
-    def died(self, start: StartId, version: str, now: float, load_s: float) -> Start:
+    def died(self, start: StartId, version: VersionKey, now: float, load_s: float) -> Start:
         """A worker died and its slot carries out `start`: the same start, failed once more
         (its worker died loading), or a new restart of a worker that was up."""
         known = self._starts.get(start)
@@ -123,14 +124,14 @@ class Ledger:
     def get(self, start: StartId) -> Start | None:
         return self._starts.get(start)
 
-    def of(self, version: str) -> list[Start]:
+    def of(self, version: VersionKey) -> list[Start]:
         """The starts of `version`, oldest first."""
         return [s for s in self._starts.values() if s.version == version]
 
-    def under_way(self, version: str) -> int:
+    def under_way(self, version: VersionKey) -> int:
         return sum(s.version == version for s in self._starts.values())
 
-    def began(self, version: str) -> float:
+    def began(self, version: VersionKey) -> float:
         """When the earliest start of `version` under way was asked for (inf: none)."""
         return min((s.since for s in self._starts.values() if s.version == version),
                    default=math.inf)
@@ -143,7 +144,7 @@ class Ledger:
         rule counts as workers on their way."""
         return [s for s in self._starts.values() if s.adds_worker]
 
-    def joining(self, version: str, now: float, load_s: float) -> tuple[float, ...]:
+    def joining(self, version: VersionKey, now: float, load_s: float) -> tuple[float, ...]:
         """When each start of `version` that adds a worker is expected up, for admission,
         soonest first. A start past its ETA is late by an unknown amount: expected a share
         of a start-up from now, never as if up; overdue by more than a start-up (a Ray

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from batcher import Throughput
+from batcher import Throughput, VersionKey
 from gpu_pool import WorkerId
 
 
@@ -54,14 +54,14 @@ _RANK = {SwitchReason.MIN_WORKERS: 0, SwitchReason.COLD: 1, SwitchReason.DEADLIN
 @dataclass(frozen=True, slots=True)
 class WorkerView:
     worker: WorkerId
-    version: str  # the version key it holds ("model@version")
+    version: VersionKey  # the version key it holds ("model@version")
     idle: bool  # only idle workers may switch (never load while busy)
     resident_since: float  # when its current version finished loading
 
 
 @dataclass(frozen=True, slots=True)
 class VersionView:
-    version: str  # "model@version"
+    version: VersionKey  # "model@version"
     model: str
     queued: int  # live items waiting for it, all tiers
     paid: int  # of which paid
@@ -84,7 +84,7 @@ class VersionView:
 @dataclass(frozen=True, slots=True)
 class Switch:
     worker: WorkerId
-    to: str  # version key to load
+    to: VersionKey  # the version to load
     reason: SwitchReason
 
 
@@ -156,7 +156,7 @@ def queued_batches(version: VersionView) -> int:
     return math.ceil(version.queued / version.throughput.batch_items)
 
 
-def initial_placement(workers: int, versions: Sequence[VersionView]) -> list[str]:
+def initial_placement(workers: int, versions: Sequence[VersionView]) -> list[VersionKey]:
     """The version each of `workers` slots starts with, from one view per model (its default,
     catalogue order): every model its min_workers, the first at least 1; the rest one at a time
     to the model with the fewest so far (ties: catalogue order), within max_workers, so every

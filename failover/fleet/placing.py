@@ -14,9 +14,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from batcher import VersionKey
 from failover import CoreActions, DispatchCore
 from failover.fleet.capacity import Idle
-from failover.fleet.catalogue import split_key
 from failover.fleet.placement import (
     Placement,
     PlacementSettings,
@@ -42,7 +42,7 @@ class VersionStatus(enum.StrEnum):
 class VersionState:
     """One version as `/admin/models` shows it."""
 
-    version: str
+    version: VersionKey
     state: VersionStatus
     resident: int
     loading: int
@@ -52,13 +52,13 @@ class VersionState:
 
 class Placing:
     def __init__(self, placement: Placement, versions: Versions, residency: Residency,
-                 cores: dict[str, DispatchCore]) -> None:
+                 cores: dict[VersionKey, DispatchCore]) -> None:
         """`cores`: the composite's, by version (read only)."""
         self._placement = placement
         self._versions = versions
         self._residency = residency
         self._cores = cores
-        self.loads: Counter[tuple[str, str]] = Counter()  # (version, reason) -> switches
+        self.loads: Counter[tuple[VersionKey, str]] = Counter()  # (version, reason) -> switches
         self.next_check = math.inf  # when placement next has something to say unasked
         stay = getattr(placement, "settings", None)  # a rollout keeps placement's residency
         self._min_resident = stay.min_resident if isinstance(stay, PlacementSettings) else (
@@ -113,7 +113,7 @@ class Placing:
         catalogue = versions.catalogue
         for version, core in self._cores.items():
             demand = core.demand(now)
-            name, _ = split_key(version)
+            name = version.model
             model = catalogue.models.get(name)
             resident, loading = core.ready_count(), residency.loading(version)
             out.append(VersionView(
@@ -144,12 +144,12 @@ class Placing:
                                     self._residency.ledger.measured.get(version)))
         return out
 
-    def _resident(self, version: str) -> int:
+    def _resident(self, version: VersionKey) -> int:
         core = self._cores.get(version)
         return 0 if core is None else core.ready_count()
 
     # -- when a cold version could serve ---------------------------------------------------
-    def eta(self, version: str, now: float) -> float:
+    def eta(self, version: VersionKey, now: float) -> float:
         """Seconds until a worker of `version` should be ready: what is left of its load
         under way, else a load once a batch and some worker's residency let it leave (or
         a worker added for it, sooner)."""
@@ -168,7 +168,7 @@ class Placing:
     def _longest_batch(self) -> float:
         return max((core.batch_latency() for core in self._cores.values()), default=0.1)
 
-    def initial(self, workers: int) -> list[str]:
+    def initial(self, workers: int) -> list[VersionKey]:
         """The version each of `workers` slots starts with (`initial_placement` over each
         model's serving default, in catalogue order)."""
         order = self._versions.defaults()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from batcher import VersionKey
 from failover.fleet.ledger import Kind, Ledger, Start
 from gpu_pool import StartId, WorkerId
 
@@ -19,22 +20,22 @@ RETIRED_KEPT = 1024  # workers retired whose death the pool may still report
 
 
 class Residency:
-    def __init__(self, ledger: Ledger, hint: Callable[[str], float | None]) -> None:
+    def __init__(self, ledger: Ledger, hint: Callable[[VersionKey], float | None]) -> None:
         """`hint`: the catalogue's load time of a version (None: none given)."""
         self.ledger = ledger
         self._hint = hint
-        self._of: dict[WorkerId, str] = {}  # workers up, by the version they hold
+        self._of: dict[WorkerId, VersionKey] = {}  # workers up, by the version they hold
         self._since: dict[WorkerId, float] = {}  # when each became resident
-        self._retired: dict[WorkerId, str] = {}  # retired workers (newest last), by version
+        self._retired: dict[WorkerId, VersionKey] = {}  # retired workers (newest last), by version
 
     # -- the pool's events -----------------------------------------------------------------
-    def up(self, worker: WorkerId, start: StartId, version: str, now: float) -> Start | None:
+    def up(self, worker: WorkerId, start: StartId, version: VersionKey, now: float) -> Start | None:
         """`worker`, holding `version`, is up for `start`: the start it ended, if the
         ledger held it (a start taken back may still come up: the worker serves)."""
         self._of[worker], self._since[worker] = version, now
         return self.ledger.up(start, now)
 
-    def died(self, worker: WorkerId, version: str, restart: StartId | None, now: float
+    def died(self, worker: WorkerId, version: VersionKey, restart: StartId | None, now: float
              ) -> bool:
         """`worker` is gone, its slot carrying out `restart`: whether it was known (up,
         switched away or retired; else it died loading). A switch of it not yet carried
@@ -58,26 +59,26 @@ class Residency:
             while len(self._retired) > RETIRED_KEPT:
                 del self._retired[next(iter(self._retired))]
 
-    def switch(self, worker: WorkerId, to: str, now: float) -> StartId:
+    def switch(self, worker: WorkerId, to: VersionKey, now: float) -> StartId:
         """Idle `worker` leaves its version for `to`: the switch's start."""
         held = self._of[worker]
         self.left(worker, retired=False)
         return self.ledger.ask(Kind.SWITCH, to, now, self.load_s(to), worker, held)
 
     # -- reading ---------------------------------------------------------------------------
-    def version_of(self, worker: WorkerId) -> str | None:
+    def version_of(self, worker: WorkerId) -> VersionKey | None:
         return self._of.get(worker)
 
     def since(self, worker: WorkerId) -> float:
         return self._since[worker]
 
-    def workers(self) -> Iterator[tuple[WorkerId, str]]:
+    def workers(self) -> Iterator[tuple[WorkerId, VersionKey]]:
         return iter(list(self._of.items()))
 
-    def loading(self, version: str) -> int:
+    def loading(self, version: VersionKey) -> int:
         return self.ledger.under_way(version)
 
-    def load_s(self, version: str) -> float:
+    def load_s(self, version: VersionKey) -> float:
         measured = self.ledger.measured.get(version)
         if measured is not None:
             return measured

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batcher import BatchgateError, Item
+from batcher import BatchgateError, Item, VersionKey
 from failover import DispatchCore, ModelLoading, Refusal, UnknownModel
 from failover.fleet.placing import Placing
 from failover.fleet.residency import Residency
@@ -18,7 +18,7 @@ from failover.fleet.versions import Versions
 
 class Routing:
     def __init__(self, versions: Versions, residency: Residency, placing: Placing,
-                 cores: dict[str, DispatchCore]) -> None:
+                 cores: dict[VersionKey, DispatchCore]) -> None:
         """`cores`: the composite's, by version (read only)."""
         self._versions = versions
         self._residency = residency
@@ -34,9 +34,10 @@ class Routing:
                   draining: bool) -> tuple[list[Refusal | None], bool]:
         """Each version's requests admitted by its core at once."""
         refusals: list[Refusal | None] = [None] * len(requests)
-        by_version: dict[str, list[int]] = {}
+        by_version: dict[VersionKey, list[int]] = {}
         for at, (items, _) in enumerate(requests):
-            by_version.setdefault(items[0].version, []).append(at)
+            version = items[0].version or self._versions.first_version()
+            by_version.setdefault(version, []).append(at)
         turn = False
         for where in by_version.values():
             first = requests[where[0]]
@@ -58,7 +59,7 @@ class Routing:
         """The core of the items' version and its workers on their way while it has none
         up, or the refusal: not served, or cold past the request's deadline."""
         versions = self._versions
-        version = items[0].version or versions.first_version()  # "": the first model's
+        version = items[0].version or versions.first_version()  # None: the first model's
         core = self._cores.get(version)
         if core is None or not versions.live(version):
             raise UnknownModel(f"model version {version!r} is not served")

@@ -7,6 +7,7 @@ capacity comes).
 
 from __future__ import annotations
 
+from batcher import VersionKey
 from failover import CoreActions, DispatchCore
 from failover.fleet.capacity import Capacity, CapacityGauges
 from failover.fleet.ledger import Kind
@@ -16,7 +17,7 @@ from failover.fleet.residency import Residency
 
 class Sizing:
     def __init__(self, capacity: Capacity | None, residency: Residency, placing: Placing,
-                 cores: dict[str, DispatchCore]) -> None:
+                 cores: dict[VersionKey, DispatchCore]) -> None:
         """`capacity`: None for a pool whose size never changes and whose restarts nobody
         waits for (tests); `cores`: the composite's, by version (read only)."""
         self._capacity = capacity

@@ -13,31 +13,32 @@ from __future__ import annotations
 
 import math
 
+from batcher import VersionKey
 from failover import UnknownModel
-from failover.fleet.catalogue import Catalogue, split_key
+from failover.fleet.catalogue import Catalogue
 
 ROLLOUT_TIMEOUT_S = 300.0  # a new default takes effect after this even if not yet resident
 
 
 class Versions:
     def __init__(self, catalogue: Catalogue) -> None:
-        self._effective: dict[str, str] = {}  # model -> the default requests get now
+        self._effective: dict[str, VersionKey] = {}  # model -> the default requests get now
         self._rollout_since: dict[str, float] = {}
-        self._last_arrival: dict[str, float] = {}
-        self._promised: dict[str, float] = {}  # cold versions: the Retry-After told, until
+        self._last_arrival: dict[VersionKey, float] = {}
+        self._promised: dict[VersionKey, float] = {}  # cold versions: the Retry-After told, until
         self.catalogue = catalogue
-        self._live: frozenset[str] = frozenset()
-        self._only: str | None = None
+        self._live: frozenset[VersionKey] = frozenset()
+        self._only: VersionKey | None = None
         self.change(catalogue, 0.0)
 
-    def change(self, catalogue: Catalogue, now: float, known: frozenset[str] = frozenset()
+    def change(self, catalogue: Catalogue, now: float, known: frozenset[VersionKey] = frozenset()
                ) -> None:
         """Serve `catalogue` from now on. `known`: the versions with a core already (a
         default whose core is gone takes effect at once)."""
         self.catalogue = catalogue
         self._live = frozenset(catalogue.versions())
         for name, model in catalogue.models.items():
-            target = f"{name}@{model.default}"
+            target = model.default_key
             current = self._effective.get(name)
             if current is None or current not in self._live or (known and current not in known):
                 self._effective[name] = target
@@ -48,7 +49,7 @@ class Versions:
             self._rollout_since.pop(name, None)
         self._only = self._the_only()
 
-    def _the_only(self) -> str | None:
+    def _the_only(self) -> VersionKey | None:
         """The version every request without `model` gets, when nothing can change it:
         resolving is then one comparison (the one-model case, on the hot path)."""
         first = next(iter(self.catalogue.models.values()))
@@ -57,7 +58,7 @@ class Versions:
         return self._effective[first.name]
 
     # -- requests --------------------------------------------------------------------------
-    def resolve(self, model: str | None, sticky: str | None) -> str:
+    def resolve(self, model: str | None, sticky: str | None) -> VersionKey:
         """The version a request runs on (raises UnknownModel): what the catalogue says,
         except that a model's new default waits for its rollout."""
         if model is None and self._only is not None:
@@ -67,12 +68,11 @@ class Versions:
             version = catalogue.resolve(model, sticky)
         except LookupError as exc:
             raise UnknownModel(str(exc)) from exc
-        name, _ = split_key(version)
-        if not catalogue.models[name].weights and (model is None or "@" not in model):
-            return self._effective.get(name, version)
+        if not catalogue.models[version.model].weights and (model is None or "@" not in model):
+            return self._effective.get(version.model, version)
         return version
 
-    def first_version(self) -> str:
+    def first_version(self) -> VersionKey:
         """The version a request without `model` gets now, unless weights choose."""
         return self._effective[self.catalogue.first.name]
 
@@ -80,30 +80,29 @@ class Versions:
         """The version of `model` a request without @version gets now (mid-rollout, the
         old default)."""
         version = self._effective.get(model)
-        return None if version is None else split_key(version)[1]
+        return None if version is None else version.version
 
-    def defaults(self) -> list[str]:
+    def defaults(self) -> list[VersionKey]:
         """Each model's serving default, in catalogue order."""
         return list(self._effective.values())
 
-    def load_hint(self, version: str) -> float | None:
+    def load_hint(self, version: VersionKey) -> float | None:
         """The catalogue's load time of `version` (None: none given, or not in it)."""
-        name, short = split_key(version)
-        model = self.catalogue.models.get(name)
-        return None if model is None or short not in model.versions else \
-            model.versions[short].load_s
+        model = self.catalogue.models.get(version.model)
+        held = None if model is None else model.versions.get(version.version)
+        return None if held is None else held.load_s
 
-    def live(self, version: str) -> bool:
+    def live(self, version: VersionKey) -> bool:
         return version in self._live
 
-    def arrived(self, version: str, now: float) -> None:
+    def arrived(self, version: VersionKey, now: float) -> None:
         self._last_arrival[version] = now
 
-    def promise(self, version: str, until: float) -> None:
+    def promise(self, version: VersionKey, until: float) -> None:
         """A request for cold `version` was refused, told to come back at `until`."""
         self._promised[version] = max(self._promised.get(version, until), until)
 
-    def last_arrival(self, version: str, now: float, coming: bool) -> float:
+    def last_arrival(self, version: VersionKey, now: float, coming: bool) -> float:
         """Its last arrival as placement reads it: now, while a refusal's Retry-After runs
         and the version is still cold (`coming`: resident or loading ends that)."""
         promised = self._promised.get(version)
@@ -112,11 +111,11 @@ class Versions:
             promised = None
         return now if promised is not None else self._last_arrival.get(version, -math.inf)
 
-    def wanted(self, version: str, now: float) -> bool:
+    def wanted(self, version: VersionKey, now: float) -> bool:
         """Whether requests go to `version`: its model's serving default, a weighted
         version, the target of a rollout, or one named by a request within its model's
         idle_unload_s."""
-        name, short = split_key(version)
+        name, short = version.model, version.version
         model = self.catalogue.models.get(name)
         if model is None or not self.live(version):
             return False
@@ -125,9 +124,9 @@ class Versions:
                 or self._last_arrival.get(version, -math.inf) > now - model.idle_unload_s)
 
     # -- rollouts --------------------------------------------------------------------------
-    def rolling(self) -> list[tuple[str, str, str]]:
+    def rolling(self) -> list[tuple[str, VersionKey, VersionKey]]:
         """(model, old, target) for each model whose new default has not taken over."""
-        return [(name, self._effective[name], f"{name}@{self.catalogue.models[name].default}")
+        return [(name, self._effective[name], self.catalogue.models[name].default_key)
                 for name in self._rollout_since]
 
     def rolled(self, model: str, now: float, new_up: int, old_up: int) -> bool:
@@ -137,7 +136,7 @@ class Versions:
         if new_up < max(1, old_up) and now - since < ROLLOUT_TIMEOUT_S:
             return False
         old = self._effective[model]
-        target = f"{model}@{self.catalogue.models[model].default}"
+        target = self.catalogue.models[model].default_key
         self._effective[model] = target
         del self._rollout_since[model]
         if old != target:  # the old one's arrivals were the default's

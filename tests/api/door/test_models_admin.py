@@ -57,7 +57,7 @@ class Admin:
 
     def wake(self, apply: Callable[[float], None]) -> None:
         self.woken += 1
-        apply(self.now())
+        self.world.change(apply)
 
     def call(self, method: str, name: str | None = None, version: str | None = None,
              body: Any = None) -> tuple[int, dict[str, Any]]:
@@ -101,7 +101,7 @@ def test_get_shows_each_models_settings_and_each_versions_state() -> None:
 
 def test_get_shows_a_load_under_way_and_what_it_measured() -> None:
     admin = Admin()
-    admin.world.run(25.0, step=0.5)  # past topics' residency: a worker may switch
+    admin.world.run(25.0)  # past topics' residency: a worker may switch
     assert isinstance(admin.world.submit("topics@v2", 3, timeout=60.0), list)  # no hint: 30 s
     (v2,) = [v for v in admin.model("topics")["versions"] if v["version"] == "v2"]
     assert (v2["state"], v2["loading"], v2["queued"]) == ("loading", 1, 3)

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from batcher import VersionKey
 from failover.fleet.catalogue import (
     Catalogue,
     CatalogueError,
@@ -27,10 +28,8 @@ from failover.fleet.catalogue import (
     NotInCatalogue,
     VersionConfig,
     choose,
-    key,
     load_catalogue,
     parse_catalogue,
-    split_key,
 )
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "models.toml"
@@ -220,21 +219,30 @@ def test_from_dict_checks_as_the_file_does() -> None:
 
 # -- keys --------------------------------------------------------------------------------
 def test_a_key_joins_and_splits() -> None:
-    assert key("topics", "v2") == "topics@v2"
-    assert split_key("topics@v2") == ("topics", "v2")
+    made = VersionKey.of("topics", "v2")
+    assert made == "topics@v2" and (made.model, made.version) == ("topics", "v2")
+    parsed = VersionKey.parse("topics@v2")
+    assert parsed == made and (parsed.model, parsed.version) == ("topics", "v2")
+    assert Catalogue.single("sim").versions() == (VersionKey.of("default", "v1"),)
 
 
 @pytest.mark.parametrize("bad", ["topics", "topics@", "@v1", "a@b@c", ""])
-def test_split_key_refuses_what_is_not_a_key(bad: str) -> None:
+def test_parse_refuses_what_is_not_a_key(bad: str) -> None:
     with pytest.raises(ValueError, match="is not a version key"):
-        split_key(bad)
+        VersionKey.parse(bad)
+
+
+@pytest.mark.parametrize(("model", "version"), [("a@b", "v1"), ("topics", ""), ("t p", "v")])
+def test_of_refuses_what_is_not_a_name(model: str, version: str) -> None:
+    with pytest.raises(ValueError, match="are names"):
+        VersionKey.of(model, version)
 
 
 def test_config_of_gives_the_model_and_version() -> None:
-    model, version = catalogue().config_of("topics@v2")
+    model, version = catalogue().config_of(VersionKey.parse("topics@v2"))
     assert (model.name, version.spec) == ("topics", "mypkg.topics_v2:batchstring")
     with pytest.raises(NotInCatalogue):
-        catalogue().config_of("topics@v9")
+        catalogue().config_of(VersionKey.parse("topics@v9"))
 
 
 # -- resolve -----------------------------------------------------------------------------
@@ -348,7 +356,7 @@ def test_retire_drops_the_version_and_gives_its_share_to_the_default() -> None:
     retired = catalogue().retire("topics", "v2")
     assert dict(retired.models["topics"].weights) == {"v1": 100}
     assert retired.versions() == ("topics@v1", "echo@a")
-    assert retired.config_of("topics@v2")[1].retired
+    assert retired.config_of(VersionKey.parse("topics@v2"))[1].retired
     assert catalogue().versions() == ("topics@v1", "topics@v2", "echo@a")  # a new one
 
 
@@ -442,7 +450,7 @@ def test_single_is_one_model_named_default() -> None:
     assert one.versions() == ("default@v1",)
     assert one.resolve(None, "k") == one.resolve("default") == "default@v1"
     assert one.models["default"].min_workers == 1
-    assert one.config_of("default@v1")[1].spec == "sim"
+    assert one.config_of(VersionKey.parse("default@v1"))[1].spec == "sim"
 
 
 def test_single_refuses_a_bad_spec() -> None:
