@@ -11,16 +11,20 @@ placement's loads, the rule's scale events, GPU-seconds, and events per second o
 time. The same world gives the same outcome.
 
 The planner (`batchgate plan`), the models and scaling simulations (`loadtest.sim_models`,
-`loadtest.sim_scaling`) stand on it.
+`loadtest.sim_scaling`) stand on it, and so do the tests' worlds of the fleet: the same
+owner and pool, driven step by step (`Steps`), the pool directed event by event
+(`DirectedPool`).
 """
 
 from failover.sim.arrivals import Schedule, Stream, constant, given, merged, varying
 from failover.sim.clients import Clients
+from failover.sim.directed import DirectedPool
 from failover.sim.loop import EPSILON_S, VirtualLoop, VirtualTimeError, run_virtual
 from failover.sim.meter import Counts, Figures, Held
 from failover.sim.outcome import Outcome
-from failover.sim.pool import ContractPool, Death
+from failover.sim.pool import ContractPool, Death, SlotView, echo
 from failover.sim.record import Record, Request, Tally
+from failover.sim.steps import Steps
 from failover.sim.world import VERSION, Model, Rule, World, simulate
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "ContractPool",
     "Counts",
     "Death",
+    "DirectedPool",
     "Figures",
     "Held",
     "Model",
@@ -38,12 +43,15 @@ __all__ = [
     "Request",
     "Rule",
     "Schedule",
+    "SlotView",
+    "Steps",
     "Stream",
     "Tally",
     "VirtualLoop",
     "VirtualTimeError",
     "World",
     "constant",
+    "echo",
     "given",
     "merged",
     "run_virtual",

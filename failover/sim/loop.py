@@ -11,6 +11,9 @@ runtime dependencies alone, which have no trio; asyncio runs ready callbacks in 
 they were scheduled, where trio shuffles tasks woken at the same instant, so a seed gives
 one outcome; and it is about three times faster here. Nothing in this loop may wait for a
 file descriptor or a thread: nothing could ever wake it (`VirtualTimeError`).
+
+Stepped (`run_until`), the loop runs only as far as its caller says: a test holds it open
+between steps, its tasks pending, and moves time on as its scenario goes (`Steps`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ T = TypeVar("T")
 EPSILON_S = 1e-9
 """A time this close ahead of the clock is due: the jumps add float noise (asyncio's own
 loop runs a timer this early, its clock's resolution)."""
+SPIN_LIMIT = 200_000
+"""Loop passes at one instant, stepped, after which the loop is taken to spin: a task that
+is always ready again at the same time would hold a step forever in real time."""
 
 
 class VirtualTimeError(RuntimeError):
@@ -52,6 +58,9 @@ class _Jumping(selectors.BaseSelector):
         return self._keys.pop(fd)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        loop = self.loop
+        if loop is not None and loop.horizon is not None and loop.reached(timeout):
+            return []
         if timeout is None:
             raise VirtualTimeError("every task waits and no timer is set: nothing can wake "
                                    "the loop in virtual time")
@@ -75,6 +84,8 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._now = start
         self.jumps = 0  # how often the clock moved: one per distinct event time
+        self.horizon: float | None = None  # stepped: the time this step runs to
+        self._spins = 0  # loop passes at this instant, stepped
 
     def time(self) -> float:
         return self._now
@@ -82,6 +93,37 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
         self.jumps += 1
+        self._spins = 0
+
+    def run_until(self, to: float) -> None:
+        """Run every task as far as it goes up to virtual time `to` and stop there, the
+        clock at `to`: everything due by then has run, and the tasks still waiting stay
+        pending for the next step."""
+        if to < self._now - EPSILON_S:
+            raise ValueError(f"the loop is at {self._now}, it cannot run back to {to}")
+        self.horizon, self._spins = to, 0
+        try:
+            self.run_forever()
+        finally:
+            self.horizon = None
+
+    def reached(self, timeout: float | None) -> bool:
+        """Stepped, whether a wait of `timeout` (None: no timer) ends this step: it would
+        pass the horizon, so the clock moves to it and the loop stops."""
+        assert self.horizon is not None
+        if timeout == 0:
+            self._spins += 1
+            if self._spins > SPIN_LIMIT:
+                raise VirtualTimeError(f"the loop spins at {self._now}: a task is ready "
+                                       "again and again without time passing")
+            return False
+        if timeout is not None and self._now + timeout <= self.horizon + EPSILON_S:
+            return False
+        if self.horizon > self._now:
+            self._now = self.horizon
+            self.jumps += 1
+        self.stop()
+        return True
 
 
 def run_virtual(fn: Callable[[], Awaitable[T]], start: float = 0.0) -> T:

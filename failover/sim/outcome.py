@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batcher import Tier
+from batcher import Tier, VersionKey
 from failover.sim.meter import Figures
 from failover.sim.record import Tally
 
@@ -20,7 +20,7 @@ class Outcome:
     tallies: tuple[Tally, ...]  # per stream, in the same order
     duration_s: float
     pool: Figures
-    loads: dict[tuple[str, str], int]  # placement's switches: (version, reason) -> count
+    loads: dict[tuple[VersionKey, str], int]  # placement's switches: (version, reason) -> count
     scaling: dict[tuple[str, str], int]  # the rule's events: (direction, reason) -> count
     events: int  # requests offered and pool events handled
     wall_s: float  # seconds of real time the run took

@@ -11,6 +11,12 @@ Deaths are injected (`Death`: a slot's incarnation dies at a time, up or loading
 (`kill`). The pool keeps its own events in one heap and one task (`run`) fires them in
 time order, so it costs a wake-up per distinct event time, not a task per worker.
 
+A test directs it further (`DirectedPool`, in `failover.sim.directed`): holding what the
+workers finish (answers, loads) until it lets them go, ending one now, a death now, heard
+now or later. A send the contract forbids raises: to a busy or loading worker, of no input
+or too many, to an incarnation the core itself switched away or retired, or to one that
+never was.
+
 What it measures (`figures`): GPU-seconds (slots held, starting, up or waiting out a
 backoff, integrated over a window), the most held at once, starts added and stopped,
 switches, crashes, batches and items run, seconds spent loading for switches.
@@ -28,11 +34,12 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskStatus
 
-from batcher import MAX_BATCH
+from batcher import MAX_BATCH, VersionKey
 from batcher.shared import Backoff
 from failover.sim.loop import EPSILON_S
 from failover.sim.meter import Counts, Figures, Held
 from gpu_pool import (
+    Err,
     Load,
     Ok,
     Origin,
@@ -52,7 +59,7 @@ class Death:
     slot: int
 
 
-class _State(enum.Enum):
+class SlotState(enum.Enum):
     STARTING = "starting"
     READY = "ready"
     BUSY = "busy"
@@ -67,18 +74,47 @@ class _Do(enum.IntEnum):  # what a heap entry does; ties at one time go in the o
     INJECT = 4
 
 
+_FINISHES = (_Do.UP, _Do.DONE)  # what the workers finish: held while the pool holds
+_OWN = (_Do.UP, _Do.DONE, _Do.BEGIN)  # a slot's one pending step: fenced by `Slot.due`
+
+Entry = tuple[float, int, _Do, int, int]  # (t, seq, do, slot, worker)
+
+
+def echo(load: Load, run: Run) -> Ok:
+    """A contract worker's answer: each input, in its version's fixed latency."""
+    return Ok(run.batch_id, run.inputs, load.floor(None))
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as a test reads it. `state`: starting, ready, busy or dead (waiting out its
+    backoff, or, not `heard`, gone without the pool having noticed); `since`: when it came
+    up (ready, busy) or its load began; `start`: the start it carries out, if any."""
+
+    index: int
+    worker: WorkerId
+    version: VersionKey
+    state: str
+    since: float
+    start: StartId | None
+    switching: bool
+    heard: bool
+
+
 @dataclass(slots=True)
-class _Slot:
+class Slot:
     index: int
     load: Load
     start: StartId | None
     worker: WorkerId = field(default=WorkerId(0))
-    state: _State = _State.STARTING
+    state: SlotState = SlotState.STARTING
     ready_at: float = 0.0
     began: float = 0.0  # when its start began loading
     failures: int = 0
     batch: Run | None = None
     switching: bool = False
+    due: int = -1  # the entry of its pending step (load, answer, restart): others are stale
+    heard: bool = True  # dead: the pool noticed (its death reported)
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(id=self.worker, slot=self.index, pid=None, state=self.state.value,
@@ -91,20 +127,27 @@ class ContractPool:
     """Implements `gpu_pool.Pool` over contract workers in virtual time.
 
     `first`: the load of each first slot; `load_s`: a version's load time;
-    `deaths`: when which slot dies; `metered`: the window GPU-seconds are counted over."""
+    `deaths`: when which slot dies; `metered`: the window GPU-seconds are counted over;
+    `answer`: what a worker answers for a batch."""
 
     first: Sequence[Load]
-    load_s: Callable[[str], float]
+    load_s: Callable[[VersionKey], float]
     backoff: Backoff = field(default_factory=Backoff)
     deaths: Sequence[Death] = ()
     metered: tuple[float, float] = (0.0, math.inf)
+    answer: Callable[[Load, Run], Ok | Err] = echo
 
     def __post_init__(self) -> None:
-        self._slots: dict[int, _Slot] = {}
-        self._of: dict[WorkerId, _Slot] = {}
+        self._slots: dict[int, Slot] = {}
+        self._of: dict[WorkerId, Slot] = {}
         self._ids = itertools.count(1)
         self._indexes = itertools.count()  # slot indexes: the first slots', then added
-        self._heap: list[tuple[float, int, _Do, int, int]] = []  # (t, seq, do, slot, worker)
+        self._heap: list[Entry] = []
+        self._held_entries: list[Entry] = []  # finishes come due while holding
+        self.holding = False  # the workers' finishes wait for `let_go` (a test's)
+        self._unheard: list[tuple[int, WorkerId, bool, float]] = []  # slot, worker, up, up_for
+        self._ended: dict[WorkerId, str] = {}  # incarnations the core ended: why
+        self._last = WorkerId(0)  # the newest incarnation's id
         self._seq = itertools.count()
         self._events: PoolEvents | None = None
         self._wake = anyio.Event()
@@ -127,40 +170,52 @@ class ContractPool:
             now = anyio.current_time()
             heap = self._heap
             while heap and heap[0][0] <= now + EPSILON_S:
-                _, _, do, index, worker = heapq.heappop(heap)
+                entry = heapq.heappop(heap)
+                if self.holding and entry[2] in _FINISHES:
+                    self._held_entries.append(entry)
+                    continue
                 self.counts.fired += 1
-                self._fire(do, index, WorkerId(worker), now)
+                self._fire(entry, now)
             self._until = heap[0][0] if heap else math.inf
             self._wake = anyio.Event()
             with anyio.CancelScope(deadline=self._until):
                 await self._wake.wait()
 
-    def _push(self, at: float, do: _Do, index: int, worker: int) -> None:
-        heapq.heappush(self._heap, (at, next(self._seq), do, index, worker))
+    def _push(self, at: float, do: _Do, index: int, worker: int) -> int:
+        seq = next(self._seq)
+        heapq.heappush(self._heap, (at, seq, do, index, worker))
         if at < self._until:
             self._until = at
             self._wake.set()
+        return seq
 
-    def _fire(self, do: _Do, index: int, worker: WorkerId, now: float) -> None:
+    def _fire(self, entry: Entry, now: float) -> None:
+        _, seq, do, index, number = entry
+        worker = WorkerId(number)
         slot = self._slots.get(index)
-        if slot is None:
+        if slot is None or (do in _OWN and seq != slot.due):
             return
         if do is _Do.INJECT:
-            if slot.state is not _State.DEAD:
+            if slot.state is not SlotState.DEAD:
                 self._die(slot, now)
         elif do is _Do.BEGIN:
-            if slot.state is _State.DEAD:
+            if slot.state is SlotState.DEAD:
                 self._begin(slot, now)
         elif slot.worker != worker:  # fenced: an event of an incarnation gone
             return
-        elif do is _Do.UP and slot.state is _State.STARTING:
+        elif do is _Do.UP and slot.state is SlotState.STARTING:
             self._up(slot, now)
-        elif do is _Do.DONE and slot.state is _State.BUSY and slot.batch is not None:
-            run, slot.batch, slot.state = slot.batch, None, _State.READY
-            self._tell().worker_reply(worker, Ok(run.batch_id, run.inputs,
-                                                 slot.load.floor(None)))
-        elif do is _Do.DIE and slot.state is not _State.DEAD:
+        elif do is _Do.DONE and slot.state is SlotState.BUSY:
+            self._done(slot, None)
+        elif do is _Do.DIE and slot.state is not SlotState.DEAD:
             self._die(slot, now)
+
+    def _done(self, slot: Slot, reply: Ok | Err | None) -> None:
+        run, worker = slot.batch, slot.worker
+        assert run is not None
+        slot.batch, slot.state, slot.due = None, SlotState.READY, -1
+        self._tell().worker_reply(worker, self.answer(slot.load, run) if reply is None
+                                  else reply)
 
     def _tell(self) -> PoolEvents:
         assert self._events is not None, "a worker event before the pool ran"
@@ -168,41 +223,53 @@ class ContractPool:
 
     # -- an incarnation's life -------------------------------------------------------------
     def _new_slot(self, index: int, load: Load, start: StartId, now: float) -> None:
-        slot = _Slot(index, load, start)
+        slot = Slot(index, load, start)
         self._slots[index] = slot
         self._held.change(now, len(self._slots))
         self._begin(slot, now)
 
-    def _begin(self, slot: _Slot, now: float) -> None:
+    def _begin(self, slot: Slot, now: float) -> None:
         """A new incarnation loads the slot's version for its start."""
-        slot.worker = WorkerId(next(self._ids))
-        slot.state, slot.began = _State.STARTING, now
+        slot.worker = self._last = WorkerId(next(self._ids))
+        slot.state, slot.began = SlotState.STARTING, now
         self._of[slot.worker] = slot
-        self._push(now + self.load_s(slot.load.version), _Do.UP, slot.index, slot.worker)
+        slot.due = self._push(now + self.load_s(slot.load.version), _Do.UP, slot.index,
+                              slot.worker)
 
-    def _up(self, slot: _Slot, now: float) -> None:
-        start, slot.start = slot.start, None
+    def _up(self, slot: Slot, now: float) -> None:
+        start, slot.start, slot.due = slot.start, None, -1
         assert start is not None
         if slot.switching:
             self.counts.switch_s += now - slot.began
-        slot.state, slot.ready_at, slot.switching = _State.READY, now, False
+        slot.state, slot.ready_at, slot.switching = SlotState.READY, now, False
         self._changed.set()
         self._tell().worker_ready(slot.worker, start, slot.load.version)
 
-    def _die(self, slot: _Slot, now: float) -> None:
-        """The slot's incarnation is gone: reported with the start its slot carries out."""
-        worker, up = slot.worker, slot.state in (_State.READY, _State.BUSY)
+    def _die(self, slot: Slot, now: float, heard: bool = True) -> None:
+        """The slot's incarnation is gone. Heard, it is reported with the start its slot
+        carries out and the slot starts again after its backoff; not heard, both wait until
+        the pool notices (`hear`)."""
+        worker, up = slot.worker, slot.state in (SlotState.READY, SlotState.BUSY)
         self._of.pop(worker, None)
-        slot.batch = None
-        slot.failures = self.backoff.after_exit(slot.failures, now - slot.ready_at if up else 0.0)
+        slot.batch, slot.due = None, -1
+        slot.state, slot.switching, slot.heard = SlotState.DEAD, False, heard
+        self.counts.crashes += 1
+        up_for = now - slot.ready_at if up else 0.0
+        if heard:
+            self._report(slot, worker, up, up_for, now)
+        else:
+            self._unheard.append((slot.index, worker, up, up_for))
+
+    def _report(self, slot: Slot, worker: WorkerId, up: bool, up_for: float,
+                now: float) -> None:
+        slot.failures = self.backoff.after_exit(slot.failures, up_for)
         if up:
             slot.start = StartId(Origin.RESTART, worker)
-        slot.state, slot.switching = _State.DEAD, False
-        self.counts.crashes += 1
-        self._push(now + self.backoff.delay(slot.failures), _Do.BEGIN, slot.index, 0)
+        slot.heard = True
+        slot.due = self._push(now + self.backoff.delay(slot.failures), _Do.BEGIN, slot.index, 0)
         self._tell().worker_died(worker, slot.load.version, slot.start)
 
-    def _leave(self, slot: _Slot, now: float) -> None:
+    def _leave(self, slot: Slot, now: float) -> None:
         self._of.pop(slot.worker, None)
         del self._slots[slot.index]
         self._held.change(now, len(self._slots))
@@ -218,15 +285,21 @@ class ContractPool:
 
     def send(self, worker: WorkerId, run: Run) -> None:
         slot = self._of.get(worker)
-        if slot is None:  # gone: its death is (or was) reported
+        if slot is None:  # gone: its death is (or was) reported, unless the core ended it
+            why = self._ended.get(worker) or (None if 0 < worker <= self._last
+                                              else "never started")
+            if why is not None:
+                raise RuntimeError(f"the contract is broken: a batch sent to worker "
+                                   f"{worker}, {why}")
             return
-        if slot.state is not _State.READY or not 1 <= len(run.inputs) <= MAX_BATCH:
+        if slot.state is not SlotState.READY or not 1 <= len(run.inputs) <= MAX_BATCH:
             raise RuntimeError(f"the contract is broken: {len(run.inputs)} inputs sent to "
                                f"worker {worker}, {slot.state.value}")
-        slot.state, slot.batch = _State.BUSY, run
+        slot.state, slot.batch = SlotState.BUSY, run
         self.counts.batches += 1
         self.counts.items += len(run.inputs)
-        self._push(anyio.current_time() + slot.load.floor(None), _Do.DONE, slot.index, worker)
+        slot.due = self._push(anyio.current_time() + slot.load.floor(None), _Do.DONE,
+                              slot.index, worker)
 
     def kill(self, worker: WorkerId) -> None:
         slot = self._of.get(worker)
@@ -239,9 +312,10 @@ class ContractPool:
 
     def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
         slot = self._of.get(worker)
-        if slot is None or slot.state is not _State.READY:
+        if slot is None or slot.state is not SlotState.READY:
             return
         del self._of[worker]
+        self._ended[worker] = "switched away"
         slot.load, slot.start, slot.switching = load, start, True
         self.counts.switches += 1
         self._begin(slot, anyio.current_time())
@@ -252,19 +326,20 @@ class ContractPool:
 
     def retire(self, worker: WorkerId) -> None:
         slot = self._of.get(worker)
-        if slot is not None and slot.state is _State.READY:
+        if slot is not None and slot.state is SlotState.READY:
+            self._ended[worker] = "retired"
             self._leave(slot, anyio.current_time())
 
     def cancel_start(self, start: StartId) -> bool:
         slot = next((s for s in self._slots.values() if s.start == start), None)
-        if slot is None or slot.switching or slot.state not in (_State.STARTING, _State.DEAD):
+        if slot is None or slot.switching or slot.state not in (SlotState.STARTING, SlotState.DEAD):
             return False
         self._leave(slot, anyio.current_time())
         return True
 
     # -- reading -----------------------------------------------------------------------------
     def ready_count(self) -> int:
-        return sum(s.state in (_State.READY, _State.BUSY) for s in self._slots.values())
+        return sum(s.state in (SlotState.READY, SlotState.BUSY) for s in self._slots.values())
 
     def workers(self) -> list[WorkerInfo]:
         return [slot.info() for slot in self._slots.values()]
@@ -292,5 +367,26 @@ class ContractPool:
         """Slots held now (starting, up, or waiting out a backoff)."""
         return len(self._slots)
 
+    def view(self) -> list[SlotView]:
+        """Each slot held now, in the order its index was given."""
+        return [self._view(slot) for slot in self._slots.values()]
 
-__all__ = ["ContractPool", "Death"]
+    def slot(self, index: int) -> SlotView | None:
+        """Slot `index` now (None: it left)."""
+        slot = self._slots.get(index)
+        return None if slot is None else self._view(slot)
+
+    @staticmethod
+    def _view(slot: Slot) -> SlotView:
+        up = slot.state in (SlotState.READY, SlotState.BUSY)
+        return SlotView(slot.index, slot.worker, slot.load.version, slot.state.value,
+                        slot.ready_at if up else slot.began, slot.start, slot.switching,
+                        slot.heard)
+
+    def running(self, worker: WorkerId) -> Run | None:
+        """The batch incarnation `worker` runs now."""
+        slot = self._of.get(worker)
+        return None if slot is None else slot.batch
+
+
+__all__ = ["ContractPool", "Death", "SlotView", "echo"]

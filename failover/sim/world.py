@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from batcher import LoopClock, Tier
+from batcher import LoopClock, Tier, VersionKey
 from batcher.shared import Backoff
 from failover import CoreOwner, CoreSettings, DispatchCore, build_core
 from failover.fleet import (
@@ -37,7 +37,6 @@ from failover.fleet import (
     ScalerSettings,
     SwitchCost,
     VersionConfig,
-    key,
 )
 from failover.sim.arrivals import Stream, merged
 from failover.sim.clients import Clients
@@ -63,8 +62,8 @@ class Model:
     idle_unload_s: float = 600.0
 
     @property
-    def version(self) -> str:
-        return key(self.name, VERSION)
+    def version(self) -> VersionKey:
+        return VersionKey.of(self.name, VERSION)
 
     def config(self) -> ModelConfig:
         hint = self.load_s if self.load_s > 0 else None
@@ -105,7 +104,7 @@ class World:
         if len(set(names)) != len(names) or unknown:
             raise ValueError(f"models named twice, or streams for no model: {unknown}")
 
-    def model(self, version: str) -> Model:
+    def model(self, version: VersionKey) -> Model:
         return next(m for m in self.models if m.version == version)
 
     def catalogue(self) -> Catalogue:
@@ -128,12 +127,12 @@ class _Run:
         core = w.core if w.door else dataclasses.replace(
             w.core, budgets=dict.fromkeys(Tier, math.inf))
 
-        def make_core(version: str, serving: Catalogue) -> DispatchCore:
+        def make_core(version: VersionKey, serving: Catalogue) -> DispatchCore:
             latency = w.model(version).batch_s
             return build_core(dataclasses.replace(core, initial_latency=latency),
                               version=version)
 
-        def load(version: str) -> Load:
+        def load(version: VersionKey) -> Load:
             return Load(version, "sim", w.model(version).batch_s)
 
         self.pool = ContractPool([], lambda v: w.model(v).load_s, w.backoff, w.deaths,

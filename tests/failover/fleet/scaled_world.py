@@ -1,21 +1,16 @@
 """`driver.World` with a pool whose size follows the load: `ModelCores` built with a
-`Capacity`, and a fake pool that carries out `grow`, `retire` and `cancel_start` as the real
-pools promise (`gpu_pool.seam.Pool`), checking each as it goes.
-
-The pool: `add(load, start)` appends a slot loading that version for that start, ready
-after its load time; a load that fails is reported dead (with its version and the same
-start) and the slot loads it again after the pool's backoff. `retire(worker)` removes the
-slot of an idle live incarnation and reports nothing of it; of a dead one (its death not
-reported yet) it does nothing: the death is reported as usual and the slot starts again.
-`cancel_start(start)` removes the slot loading that start (an add, or a restart after a
-reported death; never a switch's load) and reports nothing; with none it does nothing.
+`Capacity`, the real owner carrying out `grow`, `retire` and `cancel_start` on the contract
+pool (`failover.sim`: it adds a slot loading that version for that start, retires only an
+idle live incarnation, takes back only a start no worker is up for; a load that fails is
+reported with the same start and retried after the pool's backoff, a worker that dies up is
+restarted under a new start after it), the world checking each as it goes.
 
 What the world expects the cores to count, start by start (each event names its start):
-each start it carried out (added or restarted slot), with its ETA as the ledger's contract
-says: asked at t, up at t + the version's load time; a failure moves it to now + backoff +
-load time. `check_capacity` holds the cores to that: each version's `DispatchCore.joining`
-lists exactly those ETAs not overdue by more than a start-up, sorted; every start slot is
-counted once; the pool stays within its bounds.
+each start the pool carries out (added or restarted slot), with its ETA as the ledger's
+contract says: asked at t, up at t + the version's load time; a failure moves it to now +
+backoff + load time. `check_capacity` holds the cores to that: each version's
+`DispatchCore.joining` lists exactly those ETAs not overdue by more than a start-up,
+sorted; every start slot is counted once; the pool stays within its bounds.
 """
 
 from __future__ import annotations
@@ -23,14 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from batcher import BatchgateError, Item, RateMeter, Tier
+from batcher import BatchgateError, Item, RateMeter, Tier, VersionKey
 from batcher.shared import Backoff
-from failover import CoreActions, CoreSettings, build_core
+from failover import CoreSettings, build_core
 from failover.core import DispatchCore
 from failover.errors import ModelLoading, UnknownModel
 from failover.fleet import Decision, Scaler, ScalerSettings
 from failover.fleet.capacity import STEP_S, Capacity
-from failover.fleet.catalogue import Catalogue, split_key
+from failover.fleet.catalogue import Catalogue
 from failover.fleet.cores import ModelCores
 from failover.fleet.ledger import LATE_SHARE
 from gpu_pool import Origin, Run, StartId, WorkerId
@@ -38,7 +33,6 @@ from tests.failover.fleet.driver import (
     LATENCY,
     MAX_BATCH,
     SETTINGS,
-    Slot,
     World,
     learned,
 )
@@ -89,13 +83,6 @@ class Recording(Scaler):
 
 
 @dataclass
-class ScaledSlot(Slot):
-    counted: bool = False  # loading a start the rule counts (an add or a restart), not a switch
-    failures: int = 0  # failed loads of this start
-    ready_at: float = 0.0  # when its load is done, in a healthy pool
-
-
-@dataclass
 class Expected:
     """A start the cores should count, as the rule's contract places it."""
 
@@ -109,10 +96,9 @@ class Expected:
 class ScaledWorld(World):
     """`ModelCores` with a `Capacity` over `slots_n` workers to start with."""
 
-    scaling: ScalerSettings = field(default_factory=scaling)
     backoff: Backoff = BACKOFF  # the pool's
+    scaling: ScalerSettings = field(default_factory=scaling)
     core_settings: CoreSettings = SCALED
-    expected: dict[StartId, Expected] = field(default_factory=dict)  # in the order asked for
     retired: set[WorkerId] = field(default_factory=set)
     grown: list[tuple[float, str]] = field(default_factory=list)
     retirements: list[tuple[float, WorkerId, str]] = field(default_factory=list)
@@ -130,10 +116,6 @@ class ScaledWorld(World):
     def build_cores(self) -> ModelCores:
         return ModelCores(self.catalogue, self.new_core, self.spy, self.capacity, self.backoff)
 
-    def first_slot(self, index: int, version: str) -> Slot:
-        return ScaledSlot(self.new_worker(), version, "loading", 0.0,
-                          StartId(Origin.FIRST, index))
-
     def new_core(self, version: str, catalogue: Catalogue) -> DispatchCore:
         core = build_core(self.core_settings, times=learned(), version=version)
         self.made[version] = core
@@ -144,87 +126,49 @@ class ScaledWorld(World):
         assert version in self.cores.statistics_by_version(self.now), f"{version}: no core"
         return self.made[version]
 
-    # -- the pool's events ---------------------------------------------------------------
-    def ready(self, slot: Slot) -> None:
-        assert isinstance(slot, ScaledSlot)
-        if slot.counted and slot.state == "loading":
-            assert slot.start is not None
-            del self.expected[slot.start]
-            slot.counted, slot.failures = False, 0
-        super().ready(slot)
+    # -- the books, as the pool's events come ------------------------------------------------
+    def on_ready(self, start: StartId) -> None:
+        self.expected.pop(start, None)
 
-    def load_failed(self, slot: Slot) -> None:
-        """A loading incarnation died: reported with its version; the slot loads it again
-        (a start after the rule's backoff, a switch's at once)."""
-        assert isinstance(slot, ScaledSlot) and slot.state == "loading"
-        dead, load_s = slot.worker, self.load_s(slot.version)
-        slot.worker, slot.since = self.new_worker(), self.now
-        slot.ready_at = self.now + self.hint(slot.version)
-        if slot.counted:
-            assert slot.start is not None
-            slot.failures += 1
-            slot.ready_at += self.backoff.delay(slot.failures)
-            mine = self.expected[slot.start]
+    def on_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
+        """A start that failed loading moves out by the backoff; a worker up that died is
+        restarted, a start the rule counts."""
+        super().on_died(worker, version, restart)
+        if restart is None:
+            return
+        mine = self.expected.get(restart)
+        if mine is not None:
             mine.failures += 1
-            mine.eta = self.now + self.backoff.delay(mine.failures) + load_s
-        self.perform(self.cores.worker_died(dead, self.now, slot.version, slot.start))
+            mine.eta = self.now + self.backoff.delay(mine.failures) + self.load_s(version)
+        elif restart == StartId(Origin.RESTART, worker):
+            self.expected[restart] = Expected(version, self.now,
+                                              self.now + self.load_s(version))
 
-    def report_deaths(self) -> None:
-        """As the driver's, with each death's version, and its slot's restart a start."""
-        while self.deaths:
-            worker = self.deaths.pop(0)
-            slot = self.slot_of(worker)
-            assert isinstance(slot, ScaledSlot) and slot.state == "dead"
-            slot.worker, slot.state, slot.since = self.new_worker(), "loading", self.now
-            slot.start, slot.counted, slot.failures = StartId(Origin.RESTART, worker), True, 0
-            slot.ready_at = self.now + self.hint(slot.version)
-            self.expected[slot.start] = Expected(slot.version, self.now,
-                                                 self.now + self.load_s(slot.version))
-            flight = self.flights.pop(worker, None)
-            flying = {i.id for f in self.flights.values() for i in f.items}
-            for item in flight.items if flight is not None else ():
-                if item.id not in self.settled and not item.cancelled and item.id not in flying:
-                    self.queued[item.id] = item
-            self.perform(self.cores.worker_died(worker, self.now, slot.version, slot.start))
-
-    # -- carrying out the cores' actions ---------------------------------------------------
-    def perform(self, actions: CoreActions) -> None:
-        super().perform(actions)
-        for version, start in actions.grow:
-            self.add(version, start)
-        for worker in actions.retire:
-            self.retire(worker)
-        for start in actions.cancel_start:
-            self.cancel_start(start)
-
+    # -- checking the owner's actions ----------------------------------------------------------
     def sent(self, worker: WorkerId, run: Run, version: str, group: bool) -> None:
         assert worker not in self.retired, f"a batch went to retired worker {worker}"
         super().sent(worker, run, version, group)
 
-    def switched(self, worker: WorkerId, to: str, start: StartId) -> None:
+    def switched(self, worker: WorkerId, to: str) -> None:
         assert worker not in self.retired, f"retired worker {worker} was switched"
-        slot = self.slot_of(worker)
-        super().switched(worker, to, start)
-        if isinstance(slot, ScaledSlot) and slot.state == "loading":  # a switch's load
-            slot.counted, slot.failures = False, 0
-            slot.ready_at = self.now + self.hint(to)
+        super().switched(worker, to)
 
     def add(self, version: str, start: StartId) -> None:
         """`Pool.add`: a new slot loading `version` for `start`."""
         assert version in self.cores.catalogue.versions(), f"grew {version}, not live"
         assert start not in self.expected, f"start {start} asked for twice"
         self.grown.append((self.now, version))
-        self.slots.append(ScaledSlot(self.new_worker(), version, "loading", self.now, start,
-                                     counted=True, ready_at=self.now + self.hint(version)))
         self.expected[start] = Expected(version, self.now, self.now + self.load_s(version))
+
+    def added(self, version: str) -> None:
         assert len(self.slots) <= self.scaling.max_workers, (
             f"grew to {len(self.slots)} slots, max {self.scaling.max_workers}")
-        model = self.cores.catalogue.models[split_key(version)[0]]
+        model = self.cores.catalogue.models[VersionKey.parse(version).model]
         on = self.on_model(model.name)
         assert model.max_workers is None or on <= model.max_workers, (
             f"grew {model.name} to {on} workers, its max_workers {model.max_workers}")
 
-    def retire(self, worker: WorkerId) -> None:
+    def retiring(self, worker: WorkerId) -> str:
         """`Pool.retire`: only its slot's idle live incarnation leaves; a dead one stays
         (its death is reported and its slot restarts)."""
         slot = self.slot_of(worker)
@@ -233,22 +177,20 @@ class ScaledWorld(World):
         assert worker not in self.flights, f"retired {worker} with a batch in flight"
         self.retired.add(worker)
         self.retirements.append((self.now, worker, slot.version))
-        if slot.state == "up":
-            self.slots.remove(slot)
-            self.check_floor(slot.version, "retired")
+        return slot.version
 
-    def cancel_start(self, start: StartId) -> bool:
-        """`Pool.cancel_start`: the slot loading `start` leaves."""
+    def retired_from(self, worker: WorkerId, version: str) -> None:
+        if self.slot_of(worker) is None:  # it left
+            self.check_floor(version, "retired")
+
+    def cancelling(self, start: StartId) -> None:
         assert start in self.expected, f"took back {start}, which the pool never started"
         self.cancels.append((self.now, self.expected[start].version))
-        slot = next((s for s in self.slots if isinstance(s, ScaledSlot) and s.counted
-                     and s.state == "loading" and s.start == start), None)
-        if slot is None:
-            return False
+
+    def cancelled(self, start: StartId, version: str) -> None:
+        """`Pool.cancel_start` took the slot loading `start` out of the pool."""
         del self.expected[start]
-        self.slots.remove(slot)
-        self.check_floor(slot.version, "took back a start of")
-        return True
+        self.check_floor(version, "took back a start of")
 
     # -- the door ------------------------------------------------------------------------
     def submit(self, model: str | None, n: int = 1, tier: Tier = Tier.PAID,
@@ -286,36 +228,13 @@ class ScaledWorld(World):
             self.check_capacity()
         self.run(until)
 
-    def run(self, until: float, step: float = math.inf) -> None:
-        """A healthy pool until `until`, event by event: each batch answered LATENCY after
-        it was sent, each load ready at its slot's time (a start that failed waits out its
-        backoff first), waiters timing out; the cores woken at their deadlines between."""
-        while True:
-            answers = [f.sent_at + LATENCY for w, f in self.flights.items() if self.up(w)]
-            loads = [s.ready_at for s in self.slots
-                     if isinstance(s, ScaledSlot) and s.state == "loading"]
-            at = min([*answers, *loads, math.inf])
-            if at > until:
-                break
-            self.advance(max(self.now, min(at, self.now + step)))
-            self.time_out_waiters()
-            for worker, flight in sorted(self.flights.items()):
-                if self.up(worker) and self.now >= flight.sent_at + LATENCY - TOLERANCE:
-                    self.answer(worker)
-            for slot in [s for s in self.slots if s.state == "loading"]:
-                assert isinstance(slot, ScaledSlot)
-                if self.now >= slot.ready_at - TOLERANCE:
-                    self.ready(slot)
-        self.advance(until)
-        self.time_out_waiters()
-
     # -- reading -------------------------------------------------------------------------
     def on_model(self, model: str) -> int:
         """Slots holding or loading a version of `model`."""
-        return sum(split_key(s.version)[0] == model for s in self.slots)
+        return sum(VersionKey.parse(s.version).model == model for s in self.slots)
 
     def starting(self, version: str) -> int:
-        return sum(isinstance(s, ScaledSlot) and s.counted and s.state == "loading"
+        return sum(s.counted
                    and s.version == version for s in self.slots)
 
     # -- checks --------------------------------------------------------------------------
@@ -323,7 +242,7 @@ class ScaledWorld(World):
         """After a slot left: the pool keeps its minimum, the model its min_workers."""
         assert len(self.slots) >= self.scaling.min_workers, (
             f"{what} a worker: {len(self.slots)} slots, min {self.scaling.min_workers}")
-        model = self.cores.catalogue.models.get(split_key(version)[0])
+        model = self.cores.catalogue.models.get(VersionKey.parse(version).model)
         if model is not None and version in self.cores.catalogue.versions():
             on = self.on_model(model.name)
             assert on >= model.min_workers, (
@@ -369,5 +288,5 @@ class ScaledWorld(World):
             assert all(min(want) - TOLERANCE <= g <= latest for g in got), (
                 f"{version}: joining {got}, expected within {want} .. {latest} at {self.now}")
 
-__all__ = ["CAPACITY", "SCALED", "Decided", "Expected", "Recording", "ScaledSlot",
+__all__ = ["CAPACITY", "SCALED", "Decided", "Expected", "Recording",
            "ScaledWorld", "backoff", "scaling"]

@@ -1,6 +1,6 @@
 """The pool's size following the load, worked cases in exact virtual time: `ModelCores` with
-a `Capacity` on the world of `scaled_world` (a fake pool that carries out grow, retire and
-take-back as the real ones promise, and checks each).
+a `Capacity` on the world of `scaled_world` (the real owner carrying out grow, retire and
+take-back on the contract pool, the world checking each).
 
 One model on 1 to 4 workers (`--workers 1:4`): a step in load grows the pool at once by what
 the rule says; while the workers start, free is refused with the Retry-After at which its
@@ -32,7 +32,6 @@ from tests.failover.fleet.scaled_world import (
     BACKOFF,
     CAPACITY,
     SCALED,
-    ScaledSlot,
     ScaledWorld,
     backoff,
     scaling,
@@ -224,7 +223,7 @@ def test_a_worker_lost_while_serving_is_restarted_not_replaced_twice() -> None:
 
 def test_a_failed_start_is_retried_after_the_backoff_and_its_eta_moves_out() -> None:
     w = stepped()
-    slot = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.counted)
+    slot = next(s for s in w.slots if s.counted)
     for failures in (1, 2, 3):
         w.run(w.now + 0.25)
         w.load_failed(slot)
@@ -291,9 +290,9 @@ def test_a_worker_retired_as_it_died_is_counted_when_its_slot_restarts() -> None
     first, worker, _ = probe.retirements[0]
     w = calmed()
     w.run(first - 0.01)
-    w.die(worker)  # and the owner takes its turn at `first` before it reads the death
-    w.now = first
-    w.perform(w.cores.poll(w.now))
+    w.die(worker)  # and the owner takes its turn at `first` before the pool hears of it
+    w.advance(first, hear=False)
+    w.turn()
     assert w.retirements == [(first, worker, V)]
     w.report_deaths()  # the pool restarts it: a start the rule must count
     w.check_capacity()
@@ -342,10 +341,10 @@ def test_a_restart_and_a_switch_of_one_version_are_each_counted_once() -> None:
     w.offer(2.0, free=0, paid=40, model="b")
     w.run(w.now + 3.0)
     switch = next(s for s in w.slots if s.state == "loading")
-    assert switch.version == "a@v1" and not (isinstance(switch, ScaledSlot) and switch.counted)
+    assert switch.version == "a@v1" and not switch.counted
     w.die(WorkerId(1))  # a's worker dies: its slot restarts a while the switch loads it
     w.report_deaths()
-    restart = next(s for s in w.slots if isinstance(s, ScaledSlot) and s.counted)
+    restart = next(s for s in w.slots if s.counted)
     w.ready(restart)  # each ready names the start it ends: the restart's, not the switch's
     w.ready(switch)
     w.check_capacity()  # once both are up, each counted once

@@ -1,16 +1,17 @@
 """`ModelCores` as a hypothesis state machine, in exact virtual time.
 
 Three models, six versions, four workers: requests for each model and version in both
-tiers (named, by default, by weights, stale), cancellations and waiters timing out; workers
-answering, failing, stalling (hedged), dying (before or after the cores decided to switch
-them), loads finishing or dying; versions retired, defaults moved (rollouts), weights set,
-the file re-read. The world (`driver.World`) checks every action as it is carried out: a
-batch holds one version and goes to a worker holding it, a worker is switched only idle and
-sent nothing after, no version loads twice at once, a worker keeps its version for the
-minimum residency unless retired, a rollout moves only onto a version resident on as many
-workers; a cold refusal carries a finite Retry-After and asks the owner for a turn. After
-every step each item is answered at most once with its own version's output; after a
-healthy while and the drain, every request not cancelled exactly once.
+tiers (named, by default, by weights, stale), cancellations and waiters timing out;
+workers answering, failing, stalling (hedged), dying (before or after the cores decided to
+switch them), loads finishing or dying; versions retired, defaults moved (rollouts),
+weights set, the file re-read. The world (`driver.World`: the real owner over the contract
+pool, in virtual time) checks every action as the owner carries it out: a batch holds one
+version and goes to a worker holding it, a worker is switched only idle and sent nothing
+after, no version loads twice at once, a worker keeps its version for the minimum
+residency unless retired, a rollout moves only onto a version resident on as many workers;
+a cold refusal carries a finite Retry-After and asks the owner for a turn. After every
+step each item is answered at most once with its own version's output; after a healthy
+while and the drain, every request not cancelled exactly once.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from batcher import BatchgateError, Item, Tier
+from batcher import BatchgateError, Item, Tier, VersionKey
 from failover.errors import ModelLoading, UnknownModel
-from failover.fleet.catalogue import Catalogue, CatalogueError, split_key
+from failover.fleet.catalogue import Catalogue, CatalogueError
 from failover.fleet.versions import ROLLOUT_TIMEOUT_S
 from tests.failover.fleet.driver import MAX_WAIT, World, finite_positive
 
@@ -70,7 +71,8 @@ class CoresMachine(RuleBasedStateMachine):
             assert "@" in model or model not in cores.catalogue.models, f"{model} unknown"
             return None
         assert got in cores.catalogue.versions(), f"{model} resolved to {got}, not live"
-        name, _ = split_key(got)
+        parsed = VersionKey.parse(got)
+        name, _ = parsed.model, parsed.version
         config = cores.catalogue.models[name]
         if (model is None or "@" not in model) and not config.weights:
             assert got == f"{name}@{cores.serving_default(name)}"
@@ -88,11 +90,6 @@ class CoresMachine(RuleBasedStateMachine):
         for item in items:
             del self.w.items[item.id]
 
-    def turn(self, must: bool) -> None:
-        """The owner's turn after an admission (taken always: the single core's tests
-        prove a skipped turn had nothing to do)."""
-        self.w.perform(self.w.cores.poll(self.w.now))
-
     @rule(model=st.sampled_from(NAMES), tier=st.sampled_from(Tier), n=st.integers(1, 4),
           timeout=st.sampled_from(TIMEOUTS))
     def admit(self, model: str | None, tier: Tier, n: int, timeout: float) -> None:
@@ -109,13 +106,9 @@ class CoresMachine(RuleBasedStateMachine):
     def admit_version(self, version: str, tier: Tier, n: int, timeout: float) -> None:
         items = self.w.new_items(version, tier, n, timeout)
         try:
-            must = self.w.cores.admit(items, timeout, self.w.now)
+            self.w.admit(items, timeout)
         except BatchgateError as exc:
             self.refused(items, exc)
-            self.w.refused(exc)
-            return
-        self.w.admitted(items)
-        self.turn(must)
 
     @rule(frame=st.lists(st.tuples(st.sampled_from(NAMES), st.sampled_from(Tier),
                                    st.integers(1, 3), st.sampled_from([0.3, 5.0])),
@@ -126,15 +119,12 @@ class CoresMachine(RuleBasedStateMachine):
             version = self.resolved(model)
             if version is not None:
                 requests.append((self.w.new_items(version, tier, n, timeout), timeout))
-        refusals, must = self.w.cores.admit_all(requests, self.w.now)
+        refusals, must = self.w.admit_all(requests)
         for (items, _), refusal in zip(requests, refusals, strict=True):
-            if refusal is None:
-                self.w.admitted(items)
-            else:
+            if refusal is not None:
                 self.refused(items, refusal)
         cold = any(isinstance(r, ModelLoading) for r in refusals)
         assert must or not cold, "a cold refusal asks for a turn (placement may load)"
-        self.turn(must)
 
     @precondition(lambda self: self.w.requests)
     @rule(data=st.data())
@@ -187,21 +177,23 @@ class CoresMachine(RuleBasedStateMachine):
 
     # -- the catalogue changed while serving -----------------------------------------------
     def serve(self, catalogue: Catalogue) -> None:
-        """Hand the cores a new catalogue as the admin API does, then the owner's turn. A
+        """Hand the cores a new catalogue as the admin API does, in the owner's turn. A
         serving default moves at once only off a version no longer live."""
         cores = self.w.cores
         before = {m: cores.serving_default(m) for m in cores.catalogue.models}
-        cores.set_catalogue(catalogue, self.w.now)
-        for name, old in before.items():
-            if name in catalogue.models and cores.serving_default(name) != old:
-                assert f"{name}@{old}" not in catalogue.versions(), (
-                    f"{name}'s default left the live {old} at once")
-        self.w.spy.note()
-        self.w.perform(cores.poll(self.w.now))
+
+        def moved_only_off_the_retired() -> None:
+            for name, old in before.items():
+                if name in catalogue.models and cores.serving_default(name) != old:
+                    assert f"{name}@{old}" not in catalogue.versions(), (
+                        f"{name}'s default left the live {old} at once")
+
+        self.w.serve(catalogue, moved_only_off_the_retired)
 
     @rule(key=st.sampled_from(KEYS))
     def retire(self, key: str) -> None:
-        name, short = split_key(key)
+        parsed = VersionKey.parse(key)
+        name, short = parsed.model, parsed.version
         try:
             catalogue = self.w.cores.catalogue.retire(name, short)
         except CatalogueError:
@@ -216,7 +208,8 @@ class CoresMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS))
     def set_default(self, key: str) -> None:
-        name, short = split_key(key)
+        parsed = VersionKey.parse(key)
+        name, short = parsed.model, parsed.version
         if key in self.w.cores.catalogue.versions():
             self.serve(self.w.cores.catalogue.with_settings(name, default=short))
 
@@ -258,14 +251,17 @@ class CoresMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """A healthy pool past every deadline, then the drain: every request not
         cancelled is answered exactly once."""
-        self.w.report_deaths()
-        self.w.run(self.w.now + max(TIMEOUTS) + 1.0, step=0.1)
-        self.w.drain()
-        left = self.w.unanswered()
-        assert not left, f"{len(left)} items never answered, e.g. {left[0]}"
-        self.w.check_settled()
-        if self.w.now < ROLLOUT_TIMEOUT_S:
-            assert all(new_on >= max(1, old_on) for *_, new_on, old_on in self.w.spy.flips)
+        try:
+            self.w.report_deaths()
+            self.w.run(self.w.now + max(TIMEOUTS) + 1.0)
+            self.w.drain()
+            left = self.w.unanswered()
+            assert not left, f"{len(left)} items never answered, e.g. {left[0]}"
+            self.w.check_settled()
+            if self.w.now < ROLLOUT_TIMEOUT_S:
+                assert all(new_on >= max(1, old_on) for *_, new_on, old_on in self.w.spy.flips)
+        finally:
+            self.w.close()
 
 
 TestCores = CoresMachine.TestCase

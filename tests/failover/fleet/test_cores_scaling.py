@@ -4,14 +4,14 @@ exact virtual time.
 Two models on a pool of 1 to 4 workers (b capped at 2): requests in both tiers, one at a
 time, in bursts and at steady rates; cancellations and waiters timing out; workers
 answering, failing, dying (reported at once or later, so the cores may retire a worker
-already dead); loads finishing or failing; time passing. The world (`scaled_world`) carries
-out every grow, retire and take-back as the pools promise and checks each: a retired worker
-was idle and is sent nothing after, the pool stays within its bounds and each model within
-its own, and after every step each start is counted once by the ledger (the very starts the
-pool carries out, by identity) and each version's core is told exactly when its starts are
-expected up (`joining`). After every step each
-item is answered at most once with its own version's output; after a healthy while and the
-drain, every request not cancelled exactly once.
+already dead); loads finishing or failing; time passing. The real owner carries out every
+grow, retire and take-back on the contract pool, the world (`scaled_world`) checking each:
+a retired worker was idle and is sent nothing after, the pool stays within its bounds and
+each model within its own, and after every step each start is counted once by the ledger
+(the very starts the pool carries out, by identity) and each version's core is told
+exactly when its starts are expected up (`joining`). After every step each item is
+answered at most once with its own version's output; after a healthy while and the drain,
+every request not cancelled exactly once.
 """
 
 from __future__ import annotations
@@ -134,13 +134,16 @@ class ScalingMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """A healthy pool past every deadline, then the drain: every request not
         cancelled is answered exactly once."""
-        self.w.report_deaths()
-        self.w.run(self.w.now + max(TIMEOUTS) + 1.0)
-        self.w.check_capacity()
-        self.w.drain()
-        left = self.w.unanswered()
-        assert not left, f"{len(left)} items never answered, e.g. {left[0]}"
-        self.w.check_settled()
+        try:
+            self.w.report_deaths()
+            self.w.run(self.w.now + max(TIMEOUTS) + 1.0)
+            self.w.check_capacity()
+            self.w.drain()
+            left = self.w.unanswered()
+            assert not left, f"{len(left)} items never answered, e.g. {left[0]}"
+            self.w.check_settled()
+        finally:
+            self.w.close()
 
 
 class TwoModelsMachine(ScalingMachine):
