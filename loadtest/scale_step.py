@@ -52,7 +52,9 @@ MODEL = "tests.models_scaling:reverse"
 MAX_CONNECTIONS = 2048  # half the server's --max-connections
 _FREELY = "".join(f"{k} = 1000000\n" for k in ("rate", "burst", "account_rate", "account_burst"))
 # Rates far above any load here, tightened or not: what refuses is admission, not a bucket.
-KEYS = f"""anonymous = false
+def keys_text(paid_budget_s: float = PAID_BUDGET_S) -> str:
+    """The keys file: a paid and a free key, and an admin's."""
+    return f"""anonymous = false
 [admin]
 keys = ["{ADMIN_KEY}"]
 [[keys]]
@@ -62,16 +64,17 @@ tier = "paid"
 key = "{FREE_KEY}"
 tier = "free"
 [tiers.paid]
-{_FREELY}budget_ms = {PAID_BUDGET_S * 1000:.0f}
+{_FREELY}budget_ms = {paid_budget_s * 1000:.0f}
 [tiers.free]
 {_FREELY}budget_ms = {FREE_BUDGET_S * 1000:.0f}
 """
 
 
-def write_keys(directory: Path) -> Path:
-    """The keys file above, readable by its owner only (as the server asks)."""
+def write_keys(directory: Path, paid_budget_s: float = PAID_BUDGET_S) -> Path:
+    """The keys file, readable by its owner only (as the server asks). A paid budget other
+    than the benchmarks' is for a test that asserts the order of tiers, not a latency."""
     path = directory / "scale-keys.toml"
-    path.write_text(KEYS)
+    path.write_text(keys_text(paid_budget_s))
     path.chmod(0o600)
     return path
 
@@ -286,7 +289,7 @@ def report(run: StepRun, verbose: bool = False) -> str:
 
 
 FLAGS = ("base_rps", "peak_rps", "before_s", "peak_s", "after_max_s", "scale_down_delay_s",
-         "max_batch", "sample_s", "watch_rps")  # the plan's fields a flag sets
+         "max_batch", "sample_s", "watch_rps", "paid_share")  # the plan's fields a flag sets
 
 
 def main(argv: Sequence[str] | None = None) -> int:

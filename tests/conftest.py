@@ -1,5 +1,5 @@
 """Suite-wide settings: hypothesis judges properties, not speed (a busy CI machine is slow),
-and how `scripts/test` spreads the suite over two processes."""
+and how `scripts/test` spreads the suite over three processes."""
 
 from __future__ import annotations
 
@@ -17,20 +17,29 @@ settings.register_profile(
 settings.load_profile("batchgate")
 
 
-SIDE = ("ray/", "failover/", "batcher/", "gpu_pool/", "loadtest/")
-"""What runs beside the rest (`scripts/test`): the Ray cluster's run (tests/ray, a subprocess
-in a namespace of its own), the virtual-time and pool tests, and the end-to-end tests'
-runs against a cell (`CELL`); the HTTP surface and the single-process runs take the other
-process. The two take about as long (about 4.5 minutes each on two quiet cores)."""
+WAITING = ("ray/", "e2e/test_scaling", "e2e/test_scale_latency", "e2e/test_models_cold",
+           "e2e/test_models_rollout", "e2e/test_models_weights")
+"""The runs that mostly wait: the Ray cluster's (tests/ray, a subprocess in a namespace of
+its own) and the end-to-end runs that wait out loads, steps of load and
+scale-downs on a real server."""
+
+POOLS = ("failover/", "batcher/", "gpu_pool/", "loadtest/", "api/cell/",
+         "e2e/test_hostile_pool")
+"""The virtual-time, pool and link tests and the hostile inputs' runs against the pool; with
+them, the end-to-end tests' runs against a cell (`CELL`). The HTTP surface and the
+single-process runs are the third share."""
 
 CELL = "[gateways=2"  # tests/e2e/conftest.py's `gateways` parameter, first in an id's brackets
 
 
 def side_of(nodeid: str) -> str:
-    """"side" for a test under `SIDE` or an end-to-end test's run against a cell, "main"
-    for the rest."""
+    """Which of the three shares a test runs in (`scripts/test`): "waiting" for a path
+    under `WAITING`, "pools" for one under `POOLS` or a run against a cell, "http" for the
+    rest. The three took about as long each in the last measured run."""
     path = nodeid.removeprefix("tests/")
-    return "side" if path.startswith(SIDE) or CELL in nodeid else "main"
+    if path.startswith(WAITING):
+        return "waiting"
+    return "pools" if path.startswith(POOLS) or CELL in nodeid else "http"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,23 +70,23 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With `-n 2 --dist loadgroup` (scripts/test) the groups are the suite's two sides, drawn
-    from the path: each runs whole, in order, on a worker of its own, and the suite takes
-    about the time of the longer one. xdist's own loadgroup reads `xdist_group` marks and
+    """With `-n 3 --dist loadgroup` (scripts/test) the groups are the suite's three shares,
+    drawn from the path: each runs whole, in order, on a worker of its own, and the suite
+    takes about the time of the longest. xdist's own loadgroup reads `xdist_group` marks and
     appends `@group` to every node id, which pytest cannot take back: a failure's printed id
     would not run again when pasted. Other `--dist` modes are xdist's."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    class TwoSides(LoadScopeScheduling):  # type: ignore[misc]
-        """xdist's scope scheduling whose scopes are the two sides (as its `loadfile` mode
+    class Shares(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling whose scopes are the three shares (as its `loadfile` mode
         is the same scheduling with files for scopes)."""
 
         def _split_scope(self, nodeid: str) -> str:
             return side_of(nodeid)
 
-    return TwoSides(config, log)
+    return Shares(config, log)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
