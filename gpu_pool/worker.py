@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from multiprocessing.connection import Connection
 
 from batcher import VersionKey
 from gpu_pool.load import DEFAULT_VERSION
-from gpu_pool.models import BatchModel, load_model, uses_gpu
+from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, uses_gpu
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
 
 
@@ -58,8 +59,13 @@ def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
     both load a model the same way."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    device = _prepare_torch(config)
-    return load_model(config.model, device), device
+    if config.model in BUILTIN_MODELS:
+        device = _torch_device(config) if uses_gpu(config.model) else "cpu"
+        return load_model(config.model, device), device
+    # A user's function: torch is its own business. Only when loading it brought torch in
+    # are its threads split and its device probed; a function without torch starts light.
+    model = load_model(config.model, "cpu")
+    return model, _torch_device(config) if "torch" in sys.modules else "cpu"
 
 
 def run_batch(
@@ -94,11 +100,9 @@ def _message(exc: BaseException) -> str:
         return "(the error's message failed)"
 
 
-def _prepare_torch(config: WorkerConfig) -> str:
-    """Pick the device and split CPU threads; import torch only for models that want a GPU
-    (the others leave the worker light)."""
-    if not uses_gpu(config.model):
-        return "cpu"
+def _torch_device(config: WorkerConfig) -> str:
+    """Split CPU threads between workers and pick the device: CUDA when this worker was
+    given a GPU and torch sees one, the CPU otherwise (a build without CUDA included)."""
     try:
         import torch
     except ImportError:

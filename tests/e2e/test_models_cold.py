@@ -21,7 +21,6 @@ from tests.e2e.test_models import (
     PAID,
     PATIENT,
     V1,
-    V2,
     ask,
     catalogue,
     version_of,
@@ -33,7 +32,8 @@ from tests.models_versions import v2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 IDLE_UNLOAD_S = 2
-HURRIED_S = 0.3  # a deadline shorter than any load
+SLOW_V2 = "tests.models_slow_load:v2"  # v2's answers after a load of a second
+HURRIED_S = 0.3  # a deadline shorter than that load
 HURRIED = {**PAID, "X-Request-Timeout-Ms": str(int(HURRIED_S * 1000))}
 UNLOAD_WITHIN_S = 90.0  # the minimum residency (10 s) and idle_unload_s: a bound, with
 # room for a busy machine (a quiet one unloads both within about 15 s)
@@ -47,7 +47,7 @@ load_s = 1
 min_workers = 0
 idle_unload_s = {IDLE_UNLOAD_S}
 [models.{name}.versions.v1]
-spec = "{V2}"  # answers as v2 does
+spec = "{SLOW_V2}"  # answers as v2 does
 load_s = 1
 """ for name in ("c", "d"))
 

@@ -11,11 +11,10 @@ import pytest
 from gpu_pool.memory import MIB, resident_bytes
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import PAID
+from tests.gpu_pool.test_pool_memory import LEAK, ROOM_MB, fresh_worker_mb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 ADMIN = {"Authorization": "Bearer admin-demo-key"}
-BOUND_MB = 300  # the worker starts near 220 MiB (torch loaded): over it every ~5 batches
-ARGS = ["--keys", "examples/keys.toml", "--worker-max-rss-mb", str(BOUND_MB)]
 PATIENT = {**PAID, "X-Request-Timeout-Ms": "60000"}  # one request waits for the new one
 
 
@@ -23,12 +22,14 @@ async def test_a_leaking_worker_is_replaced_between_batches_and_every_request_an
         gateways: int) -> None:
     if gateways > 1:
         pytest.skip("the pool lives in the core process: a cell's front door adds nothing")
-    with running_server(workers=1, model="tests.models:leak", args=ARGS) as srv:
+    bound_mb = await fresh_worker_mb() + ROOM_MB  # over it every ~5 batches
+    args = ["--keys", "examples/keys.toml", "--worker-max-rss-mb", str(bound_mb)]
+    with running_server(workers=1, model=LEAK, args=args) as srv:
         pids: list[int] = []
         ids: set[int] = set()
         peak = 0
         async with httpx.AsyncClient(base_url=srv.url, timeout=90) as client:
-            for n in range(15):  # 300 MB leaked in all: one worker alone ends near 520 MiB
+            for n in range(15):  # 300 MB leaked in all: three times the room
                 answer = await client.post("/v1/batchstring", json={"input": f"leak-{n}"},
                                            headers=PATIENT)
                 assert answer.status_code == 200, answer.text
@@ -41,10 +42,10 @@ async def test_a_leaking_worker_is_replaced_between_batches_and_every_request_an
                 peak = max(peak, resident_bytes(worker["pid"]) or 0)
         assert len(pids) >= 3, pids  # replaced at least twice, a new process each time
         assert len(ids) == 1 and worker["restarts"] == 0  # the same worker to the core
-        assert peak <= (BOUND_MB + 25) * MIB, peak // MIB  # one batch past the bound at most
+        assert peak <= (bound_mb + 25) * MIB, peak // MIB  # one batch past the bound at most
         m = fetch_metrics(srv.url)
         replaced = metric(m, "batchgate_worker_replacements_total")
         assert len(pids) - 1 <= replaced <= len(pids)  # the last may still be loading
         assert metric(m, "batchgate_worker_crashes_total") == 0
         assert metric(m, "batchgate_batch_reroutes_total") == 0
-        assert srv.log_tail(2000).count("over --worker-max-rss-mb 300") == replaced
+        assert srv.log_tail(2000).count(f"over --worker-max-rss-mb {bound_mb}") == replaced

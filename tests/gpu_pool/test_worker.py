@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import pytest
 
@@ -181,12 +182,36 @@ def test_loading_keeps_the_hub_offline_unless_told_otherwise(
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["TOKENIZERS_PARALLELISM"] == "true"
 
 
-def test_a_worker_for_a_model_without_a_gpu_never_imports_torch() -> None:
+def loaded_in_a_fresh_process(spec: str, threads: int = 1, path: str = "") -> list[str]:
+    """Load `spec` as a worker does, in a new interpreter (so nothing imported here counts):
+    the device, whether torch was imported, and torch's threads ('None' without torch)."""
     code = ("import sys; from gpu_pool.worker import WorkerConfig, load_worker; "
-            "load_worker(WorkerConfig('sim', gpu=None, threads=1, latency_floor=0.0)); "
-            "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+            f"_, device = load_worker(WorkerConfig({spec!r}, gpu=0, threads={threads}, "
+            "latency_floor=0.0)); torch = sys.modules.get('torch'); "
+            "print(device, torch is not None, torch and torch.get_num_threads())")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.getcwd()]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    return out.stdout.split()
+
+
+def test_a_worker_for_a_model_without_a_gpu_never_imports_torch() -> None:
+    assert loaded_in_a_fresh_process("sim") == ["cpu", "False", "None"]
+
+
+def test_a_users_function_without_torch_starts_without_it() -> None:
+    """A user's model is assumed to want a GPU, yet torch is its own import: a function that
+    never asks for it leaves the worker light (a start without torch's second of CPU)."""
+    assert loaded_in_a_fresh_process("tests.models:counting") == ["cpu", "False", "None"]
+
+
+def test_a_users_function_that_imports_torch_gets_its_threads_split(tmp_path: Path) -> None:
+    """Torch brought in by the user's module still gets the worker's share of the cores and
+    its device (the CPU here: no GPU is visible)."""
+    (tmp_path / "uses_torch.py").write_text(
+        "import torch\n\ndef double(inputs):\n    return [s * 2 for s in inputs]\n")
+    got = loaded_in_a_fresh_process("uses_torch:double", threads=1, path=str(tmp_path))
+    assert got == ["cpu", "True", "1"]
 
 
 # -- worker_main: the handshake --------------------------------------------------------------
