@@ -183,8 +183,16 @@ class Observed:
         return sum(int(getattr(p.classes[cls], what)) for p in self.probes)
 
     def refused(self, cls: str) -> int:
-        return sum(n for p in self.probes for s, n in p.classes[cls].statuses.items()
-                   if s != 200)
+        return sum(self.not_ok(cls).values())
+
+    def not_ok(self, cls: str) -> dict[int, int]:
+        """`cls`'s answers other than 200, by status (a 504 is no refusal the server counts)."""
+        out: dict[int, int] = {}
+        for p in self.probes:
+            for status, n in p.classes[cls].statuses.items():
+                if status != 200:
+                    out[status] = out.get(status, 0) + n
+        return out
 
     @property
     def lost(self) -> int:

@@ -65,7 +65,7 @@ def test_the_generator_offered_the_step(step: StepRun) -> None:
 def test_paid_is_never_refused(step: StepRun) -> None:
     """Every paid request is admitted and answered 200 (a 504 would count here too); its
     latency against the budget is scale_step's figure."""
-    assert step.refused("paid") == 0, step.rejected("paid")
+    assert step.refused("paid") == 0, (step.not_ok("paid"), step.rejected("paid"))
 
 
 def test_free_is_refused_with_a_retry_after_that_never_points_past_the_capacity(
