@@ -13,7 +13,10 @@
     │   Closed, DeadlineExceeded               batcher/: refused or out of time
     ├── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
     │   (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
-    ├── UnknownModel, ModelLoading (Overloaded)     failover/: no such model, or it is cold
+    ├── UnknownModel, ModelLoading, ModelFailing (Overloaded)  failover/: no such model, or
+    │                                              it is cold, or its loads keep failing
+    ├── ModelUnplaceable                           failover/: no placement can give the
+    │                                              version a worker on this pool
     └── StateUnavailable (ConnectionError)          failover/state/: the store of kept
                                                    answers (--state) cannot be reached
 
@@ -51,6 +54,10 @@ ERRORS: dict[str, ErrorCode] = {
     "invalid_timeout": ErrorCode(400, "X-Request-Timeout-Ms is not a number of at least 1 ms"),
     "invalid_idempotency_key": ErrorCode(400, "Idempotency-Key is empty or too long"),
     "idempotency_needs_key": ErrorCode(400, "Idempotency-Key sent without an API key"),
+    "invalid_host": ErrorCode(400, "an HTTP/1.1 request without a Host header, or with more "
+                                   "than one (RFC 9112 3.2)"),
+    "repeated_header": ErrorCode(400, "Authorization, Idempotency-Key or X-Request-Timeout-Ms "
+                                      "sent more than once"),
     "unauthorized": ErrorCode(401, "unknown key, or no key where anonymous use is off"),
     "not_found": ErrorCode(404, "no such path"),
     "method_not_allowed": ErrorCode(405, "the path does not take this method"),
@@ -64,6 +71,9 @@ ERRORS: dict[str, ErrorCode] = {
     "unknown_model": ErrorCode(422, "model names no model (or model@version) served now"),
     "invalid_change": ErrorCode(422, "admin: the change would leave the catalogue of models "
                                      "invalid (the message says why); nothing changed"),
+    "version_serving": ErrorCode(409, "admin: the version still serves traffic (the serving "
+                                      "default, or a weight): the message says what to do "
+                                      "first; nothing changed"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
     "caller_refused": ErrorCode(429, "this account's inputs (or anonymous inputs) killed "
@@ -83,6 +93,12 @@ ERRORS: dict[str, ErrorCode] = {
     "no_healthy_worker": ErrorCode(503, "no worker is ready"),
     "model_loading": ErrorCode(503, "the version holds no worker yet and its load ends past "
                                     "the request's deadline: Retry-After is the load's ETA"),
+    "model_failing": ErrorCode(503, "the version holds no worker and its loads keep failing: "
+                                    "nothing is loaded for it until Retry-After (or a "
+                                    "change to the catalogue)"),
+    "model_unplaceable": ErrorCode(503, "the version holds no worker and no placement can "
+                                        "give it one on this pool (no load is coming: the "
+                                        "message says what to change)"),
     "suspect_input": ErrorCode(503, "the same input's last run stalled or killed its "
                                     "worker, and it is being judged"),
     "worker_crashed": ErrorCode(503, "the item's worker died --max-attempts times"),

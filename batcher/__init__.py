@@ -25,6 +25,7 @@ from batcher.queues import QueueStatistics, TierQueues
 from batcher.types import (
     LANE_OF,
     MAX_BATCH,
+    NAME_MAX,
     FlushReason,
     Item,
     ItemId,
@@ -37,6 +38,7 @@ from batcher.types import (
 __all__ = [
     "LANE_OF",
     "MAX_BATCH",
+    "NAME_MAX",
     "Admission",
     "AdmissionSettings",
     "BatchCost",

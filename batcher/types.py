@@ -53,7 +53,8 @@ class FlushReason(enum.Enum):
     RETRY = "retry"
 
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+NAME_MAX = 64  # characters of a model or version name: as many as a request may name
+_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{NAME_MAX}}}")
 _SHOWN = 64  # characters of a text quoted back in an error
 
 
@@ -63,8 +64,9 @@ class VersionKey(str):
 
     A `str`, so that it is a dict key, a label and a frame field as it is and costs
     nothing on the hot path; its parts are read by name (`model`, `version`), never
-    split by hand. Made by `of` or `parse`, which check both names (letters, digits,
-    `_`, `.`, `-`: a key splits one way); a plain `str` is not one (mypy says so).
+    split by hand. Made by `of` or `parse`, which check both names (1 to `NAME_MAX`
+    letters, digits, `_`, `.`, `-`: a key splits one way, and a request can name it); a
+    plain `str` is not one (mypy says so).
     """
 
     __slots__ = ()
@@ -79,7 +81,7 @@ class VersionKey(str):
         """The key of `version` of `model`; ValueError unless both are names."""
         if not (_NAME.fullmatch(model) and _NAME.fullmatch(version)):
             raise ValueError(f"{model[:_SHOWN]!r}, {version[:_SHOWN]!r}: a model and a "
-                             "version are names (letters, digits, _ . -)")
+                             f"version are names (1 to {NAME_MAX} letters, digits, _ . -)")
         return cls(f"{model}@{version}")
 
     @classmethod
@@ -138,5 +140,5 @@ class Item:
         self.sink.item_done(self, result)
 
 
-__all__ = ["LANE_OF", "MAX_BATCH", "FlushReason", "Item", "ItemId", "ItemSink", "Lane", "Tier",
-           "VersionKey"]
+__all__ = ["LANE_OF", "MAX_BATCH", "NAME_MAX", "FlushReason", "Item", "ItemId", "ItemSink",
+           "Lane", "Tier", "VersionKey"]

@@ -358,6 +358,12 @@ class DispatchCore:
         left = self._batcher.queues.drain() + self._table.abandon()
         return CoreActions(settle=[(item, error) for item in left if not item.cancelled])
 
+    def refuse_queued(self, error: BatchgateError) -> CoreActions:
+        """Answer every queued item `error` (its version can hold no worker: the queue
+        would only wait out its deadlines); what runs is left to finish."""
+        left = self._batcher.queues.drain()
+        return CoreActions(settle=[(item, error) for item in left if not item.cancelled])
+
     # -- reading ---------------------------------------------------------------------------
     def ready_count(self) -> int:
         return self._table.ready_count()

@@ -9,8 +9,12 @@
     ├── ModelError           table: `batchstring` raised on this item (isolated by bisection)
     │   └── ContractViolation    the model broke the contract (count or types of outputs)
     ├── UnknownModel         models: the request names a model or version not served
-    └── ModelLoading (Overloaded)  models: the version is cold and its load ends past the
-                             request's deadline (carries a Retry-After)
+    ├── ModelLoading (Overloaded)  models: the version is cold and its load ends past the
+    │                        request's deadline (carries a Retry-After)
+    ├── ModelFailing (Overloaded)  models: the version's loads keep failing and no worker
+    │                        holds it (Retry-After: when one more load may be tried)
+    └── ModelUnplaceable     models: no placement can ever give the version a worker on
+                             this pool (no load is coming; the message says what to change)
 """
 
 from __future__ import annotations
@@ -35,6 +39,20 @@ class ModelLoading(Overloaded):
     request's deadline: Retry-After says when it should be resident."""
 
     code = "model_loading"
+
+
+class ModelFailing(Overloaded):
+    """The version a request needs holds no worker and its loads keep failing
+    (`failover.fleet.failing`): refused at once, never after the request's deadline."""
+
+    code = "model_failing"
+
+
+class ModelUnplaceable(BatchgateError):
+    """The version a request needs holds no worker and no placement can give it one on
+    this pool (`failover.fleet.fitting`): refused at once, with no load promised."""
+
+    code = "model_unplaceable"
 
 
 class UnknownModel(BatchgateError):

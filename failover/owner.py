@@ -297,13 +297,13 @@ class CoreOwner:
         for worker, version, start in actions.switch:
             assert self._loads is not None, "a switch needs the versions' loads"
             self._pool.switch(worker, self._loads(version), start)
+        for start in actions.cancel_start:  # first: a slot taken back frees its device
+            self._pool.cancel_start(start)
         for version, start in actions.grow:
             assert self._loads is not None, "a worker added needs the versions' loads"
             self._pool.add(self._loads(version), start)
         for worker in actions.retire:
             self._pool.retire(worker)
-        for start in actions.cancel_start:
-            self._pool.cancel_start(start)
         for seconds, ran in actions.batch_seconds:
             observer.batch_done(seconds, ran)
         for version, seconds in actions.loaded:

@@ -19,7 +19,8 @@
     │   ├── ModelLoading             model_loading: the version is loading, and Retry-After
     │   │                            says when it should be up
     │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down,
-    │                                core_unavailable, state_unavailable
+    │                                model_failing, model_unplaceable, core_unavailable,
+    │                                state_unavailable
     ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
     ├── ConnectionFailed             no answer (refused, reset) after the retries
     └── ProtocolError                the answer breaks batchgate's protocol (also a ValueError)
@@ -141,7 +142,9 @@ BY_CODE: dict[str, type[BatchgateError]] = {
     **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
     **dict.fromkeys(("no_healthy_worker", "worker_crashed", "retry", "shutting_down",
-                     "core_unavailable", "state_unavailable"), NoHealthyWorker),
+                     "model_failing", "model_unplaceable", "core_unavailable",
+                     "state_unavailable"),
+                    NoHealthyWorker),
 }
 RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 

@@ -51,7 +51,9 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     door = Door(service.core, service.clock, rates, service.idempotency, service.pressure,
                 metrics)
     models = ModelsAdmin(service.models, service.clock, settings.workers.min, settings.models,
-                         service.core.change)
+                         service.core.change,
+                         None if cell is None else lambda: list(cell().get("refused", [])),
+                         most=settings.workers.max)
     status = StatusView(service, service.pool.ready_count, metrics, cell, models)
     return CoreParts(service, door, status, models)
 

@@ -19,7 +19,15 @@ import orjson
 
 from api.errors import ERRORS
 from batcher import Clock
-from failover.fleet import Catalogue, CatalogueError, ModelCores, load_catalogue
+from failover.fleet import (
+    Catalogue,
+    CatalogueError,
+    ModelConfig,
+    ModelCores,
+    check_change,
+    check_fits,
+    load_catalogue,
+)
 
 log = logging.getLogger("batchgate.models")
 
@@ -29,12 +37,18 @@ SETTINGS = ("default", "weights", "min_workers", "max_workers")  # what PUT may 
 
 class ModelsAdmin:
     def __init__(self, cores: ModelCores, clock: Clock, workers: int,
-                 path: str | None, change: Callable[[Callable[[float], None]], None]) -> None:
+                 path: str | None, change: Callable[[Callable[[float], None]], None],
+                 refused: Callable[[], list[dict[str, Any]]] | None = None,
+                 most: int | None = None) -> None:
         """`path`: the catalogue file SIGHUP re-reads (None: `--model`, nothing to read);
         `change(apply)`: the core's owner applies `apply(now)` in a turn of its own
-        (`CoreOwner.change`)."""
+        (`CoreOwner.change`); `refused`: the files on disk a cell's supervisor refused
+        (`file`, `reason`), served from the copies accepted before them; `workers` to
+        `most` (None: `workers`): the pool's sizes, which every change must fit."""
         self._cores, self._clock, self._workers = cores, clock, workers
+        self._most = workers if most is None else most
         self._path, self._change = path, change
+        self._refused = refused or list
 
     def view(self) -> dict[str, Any]:
         """Each model's settings, and each version's state, workers and queue."""
@@ -62,7 +76,9 @@ class ModelsAdmin:
                 "max_workers": model.max_workers, "idle_unload_s": model.idle_unload_s,
                 "versions": versions,
             })
-        return {"models": models}
+        abandoned = {name: target.version for name, target in cores.abandoned().items()}
+        return {"models": models, "refused_files": self._refused(),
+                "rollouts_abandoned": abandoned}
 
     def states(self) -> dict[str, str]:
         """Each live version's state, for /readyz."""
@@ -77,6 +93,9 @@ class ModelsAdmin:
             if method == "PUT" and name is not None and version is None:
                 return self._apply(self._put(name, body))
             if method == "DELETE" and name is not None and version is not None:
+                serving = self._serving(name, version)
+                if serving is not None:
+                    return _refuse("version_serving", serving)
                 return self._apply(self._cores.catalogue.retire(name, version))
         except CatalogueError as exc:
             return _refuse("invalid_change", str(exc))
@@ -95,8 +114,31 @@ class ModelsAdmin:
             raise ValueError(f"the body is an object of one or more of {', '.join(SETTINGS)}")
         return self._cores.catalogue.with_settings(name, **data)
 
+    def _serving(self, name: str, version: str) -> str | None:
+        """Why `version` of `name` may not be retired yet, while requests still go to it
+        (None: none do but those naming it, or it is the default, which `retire` refuses):
+        retired, its traffic would go to a version that may not be loaded."""
+        model = self._cores.catalogue.models.get(name)
+        if model is None or version == model.default or version not in model.live():
+            return None
+        if self._cores.serving_default(name) == version:
+            return (f"{version} still serves {name}'s requests that name no version: the "
+                    f"rollout to {model.default} has not taken over yet; retire {version} "
+                    f"once GET /admin/models shows serving_default {model.default}")
+        share = model.weights.get(version, 0)
+        if share:
+            return (f"{version} carries {share}% of {name}'s requests by weight (each "
+                    f"Idempotency-Key sticks to its version): set its weight to 0 first "
+                    f"(PUT /admin/models/{name} {_without(model, version)}), then retire it")
+        return None
+
+    def _check(self, catalogue: Catalogue) -> None:
+        """What every new catalogue must pass, from the admin API or the file."""
+        check_change(self._cores.catalogue, catalogue)
+        check_fits(catalogue, self._workers, self._most)
+
     def _apply(self, catalogue: Catalogue) -> Answer:
-        catalogue.check_fits(self._workers)
+        self._check(catalogue)
         self._serve(catalogue)
         return 200, self.view()
 
@@ -110,7 +152,7 @@ class ModelsAdmin:
             return
         try:
             catalogue = load_catalogue(self._path)
-            catalogue.check_fits(self._workers)
+            self._check(catalogue)
         except (CatalogueError, OSError) as exc:
             log.error("the models file %s was not reloaded, nothing changed: %s",
                       self._path, exc)
@@ -118,6 +160,13 @@ class ModelsAdmin:
         self._serve(catalogue)
         log.info("models reloaded from %s: %s", self._path,
                  ", ".join(catalogue.versions()))
+
+
+def _without(model: ModelConfig, version: str) -> str:
+    """The weights body that gives `version`'s share to the default."""
+    weights = {v: w for v, w in model.weights.items() if v != version}
+    weights[model.default] = weights.get(model.default, 0) + model.weights.get(version, 0)
+    return orjson.dumps({"weights": weights}).decode()
 
 
 def _refuse(code: str, message: str) -> Answer:

@@ -25,6 +25,8 @@ from api.kept import (
     Owner,
     RedisSettings,
     SqliteSettings,
+    StateUnavailable,
+    check_state_file,
     open_state,
 )
 from api.metrics import ScalingGauges, Snapshot, VersionGauges
@@ -39,6 +41,8 @@ from failover.fleet import (
     Scaler,
     ScalerSettings,
     SwitchCost,
+    VersionStatus,
+    check_fits,
     load_catalogue,
 )
 from gpu_pool import (
@@ -56,14 +60,28 @@ from gpu_pool import (
 
 log = logging.getLogger("batchgate.service")
 UP = frozenset({"ready", "busy"})  # the states of a worker that serves
+ON_DEMAND = frozenset({VersionStatus.COLD, VersionStatus.LOADING})  # loads when asked for
 LOAD_REASONS = tuple(dict.fromkeys((*REASONS, "rollout")))  # placement's, and a rollout's
 
 
 def check_core_settings(settings: Settings) -> None:
     """What only the core's packages can check (a gateway never loads them): the model
     spec or the catalogue, and the Ray resources. ValueError with a readable message."""
-    catalogue_of(settings).check_fits(settings.workers.min)
+    check_fits(catalogue_of(settings), settings.workers.min, settings.workers.max)
     parse_resources(settings.ray_worker_resources)
+
+
+def check_state(settings: Settings) -> None:
+    """A `--state sqlite:` file opens, asked before any model loads (a Redis is asked
+    when the service runs: it may come up after the server). ValueError naming the file
+    and why not."""
+    path = settings.state_spec().path
+    if path is None:
+        return
+    try:
+        check_state_file(path)
+    except StateUnavailable as exc:
+        raise ValueError(f"state {settings.state!r}: {exc}") from None
 
 
 def catalogue_of(settings: Settings) -> Catalogue:
@@ -141,7 +159,7 @@ class Service:
         self.clock = MonotonicClock()
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
         self.catalogue = catalogue = catalogue_of(settings)
-        catalogue.check_fits(settings.workers.min)
+        check_fits(catalogue, settings.workers.min, settings.workers.max)
 
         def make_core(version: VersionKey, serving: Catalogue) -> DispatchCore:
             try:
@@ -154,7 +172,8 @@ class Service:
             return load_of(settings, self.models.catalogue, version)
 
         self.models = ModelCores(catalogue, make_core, SwitchCost(),
-                                 build_capacity(settings, settings.gpus or 0))
+                                 build_capacity(settings, settings.gpus or 0),
+                                 most=settings.workers.max)
         loads = tuple(load(v) for v in self.models.initial(settings.workers.min))
         self.models.starting([v.version for v in loads], self.clock.now())
         claimable = tuple(load(v) for v in catalogue.versions())
@@ -185,8 +204,11 @@ class Service:
                 raise RuntimeError(
                     f"no worker became ready within {self.settings.ready_timeout_s:.0f}s"
                 )
-            log.info("%d of %d workers ready (%s)", ready, self.settings.workers.min,
-                     ", ".join(self.catalogue.versions()))
+            held = {w.version for w in self.pool.workers() if w.state in UP}
+            cold = [v for v in self.catalogue.versions() if v not in held]
+            log.info("%d of %d workers ready, holding %s%s", ready, self.settings.workers.min,
+                     ", ".join(v for v in self.catalogue.versions() if v in held) or "nothing",
+                     f" (loaded when asked: {', '.join(cold)})" if cold else "")
             task_status.started()
 
     async def drain(self) -> None:
@@ -208,12 +230,25 @@ class Service:
         return self.core.draining
 
     def ready(self) -> bool:
-        """Serving, and the version a request without `model` gets holds a worker (as
-        the pool says: the core hears of a worker a loop turn later)."""
+        """Serving, and some model's serving version can serve: a worker holds it (as the
+        pool says: the core hears of a worker a loop turn later), or it loads on demand
+        (cold or loading, not failing, and a worker is up that it could load onto). A
+        model gone cold is servable: a balancer that took the server out for it would
+        keep out the request that wakes it."""
         if self.draining or self.leaving:
             return False
-        version = self.models.first_version()
-        return any(w.version == version and w.state in UP for w in self.pool.workers())
+        up = {w.version for w in self.pool.workers() if w.state in UP}
+        if not up:
+            return False
+        models = self.models
+        serving = {VersionKey.of(name, version) for name in models.catalogue.models
+                   if (version := models.serving_default(name)) is not None}
+        return any(s.version in up or s.state in ON_DEMAND
+                   for s in models.versions(self.clock.now()) if s.version in serving)
+
+    def state_failing(self) -> str | None:
+        """Why the `--state` store fails now (None: it answers, or there is none)."""
+        return None if self.kept is None else self.kept.failing
 
     def leave(self) -> None:
         """Shutdown was asked for: say not-ready at once, while still serving (the drain
@@ -241,6 +276,8 @@ class Service:
             gauges["admission_factor"][name] = pressure_factor(self.pressure(tier))
         models = self.models
         by_version = models.statistics_by_version(self.clock.now())
+        failing = {s.version for s in models.versions(self.clock.now())
+                   if s.state is VersionStatus.FAILING}
         loads: dict[tuple[str, str], int] = {
             (version, why): 0 for version in by_version for why in LOAD_REASONS}
         loads.update((counted, n) for counted, n in models.loads.items())
@@ -254,7 +291,8 @@ class Service:
             tier_gauges=gauges,
             idempotency=self.idempotency.statistics(),
             versions={version: VersionGauges(dict(stats.batcher.depth),
-                                             stats.table.idle + stats.table.busy)
+                                             stats.table.idle + stats.table.busy,
+                                             version in failing)
                       for version, stats in by_version.items()},
             loads=loads,
             scaling=None if capacity is None else ScalingGauges(
@@ -313,5 +351,5 @@ def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
                                    max_workers=settings.workers.max))
 
 
-__all__ = ["Service", "build_pool", "build_state", "check_core_settings", "core_settings",
-           "hang_settings", "latency_floor", "state_owner"]
+__all__ = ["Service", "build_pool", "build_state", "check_core_settings", "check_state",
+           "core_settings", "hang_settings", "latency_floor", "state_owner"]

@@ -135,7 +135,8 @@ def openapi_routes(limits: Limits) -> list[Route]:
 
 
 def _batchstring() -> JsonObject:
-    statuses = sorted({e.status for e in ERRORS.values()} - {404, 405})
+    hot = {e.status for c, e in ERRORS.items() if c not in ADMIN_ONLY}
+    statuses = sorted(hot - {404, 405})
     responses: JsonObject = {"200": {
         "description": "every input's output, in order",
         "headers": {"Server-Timing": header_ref("Server-Timing"),
@@ -207,11 +208,15 @@ def _readyz() -> JsonObject:
               "description": "each version the core holds, model@version, by its state",
               "examples": [{"default@v1": "resident"}]}
     body = json_object({"ready": {"type": "boolean"}, "workers_ready": {"type": "integer"},
-                        "draining": {"type": "boolean"}, "models": states},
+                        "draining": {"type": "boolean"}, "models": states,
+                        "state": {"type": "string", "description": "only while the `--state` "
+                                  "store fails: why (keyed requests get 503 "
+                                  "state_unavailable)"}},
                        ["ready", "workers_ready", "draining"])
-    ok = operation("a worker holds the version a request without `model` gets, and the "
-                   "server is not draining", body)
-    ok["responses"]["503"] = {"description": "no such worker, or draining",
+    ok = operation("some model can serve (a worker holds its serving version, or that version "
+                   "loads on demand onto a worker that is up), and the server is not draining",
+                   body)
+    ok["responses"]["503"] = {"description": "no model can serve, or draining",
                               "content": {JSON: {"schema": body}}}
     return ok
 

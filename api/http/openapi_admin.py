@@ -103,7 +103,12 @@ def models_schema() -> JsonObject:
         "idle_unload_s": {"type": "number"}, "versions": {"type": "array", "items": version}},
         ["name", "default", "serving_default", "weights", "min_workers", "max_workers",
          "idle_unload_s", "versions"])
-    return json_object({"models": {"type": "array", "items": model}}, ["models"])
+    refused = json_object({"file": string(), "reason": string()}, ["file", "reason"])
+    return json_object({
+        "models": {"type": "array", "items": model},
+        "refused_files": {"type": "array", "items": refused, "description": "in a cell, "
+                          "the models or keys files on disk its last reading refused: it "
+                          "serves the copies accepted before them"}}, ["models"])
 
 
 def model_change_schema() -> JsonObject:
@@ -160,8 +165,9 @@ def admin_change() -> JsonObject:
 
 def admin_retire() -> JsonObject:
     return _admin("retire a version: no new requests, its queue finishes, then it is "
-                  "unloaded (never the default)", MODELS_REF,
-                  {404: ("not_found",), 422: ("invalid_change",)}, path=("name", "version"))
+                  "unloaded (never the default, nor a version that still serves traffic)",
+                  MODELS_REF, {404: ("not_found",), 409: ("version_serving",),
+                               422: ("invalid_change",)}, path=("name", "version"))
 
 
 __all__ = ["CAPACITY", "MODELS_EXAMPLE", "VERSION_STATES", "WORKER_FIELDS", "WORKER_STATES",

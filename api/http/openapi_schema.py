@@ -11,7 +11,7 @@ from api.errors import ERRORS
 JsonObject = dict[str, Any]
 ERROR_REF = "#/components/schemas/Error"
 JSON = "application/json"
-ADMIN_ONLY = frozenset({"invalid_change"})  # codes only the admin API answers
+ADMIN_ONLY = frozenset({"invalid_change", "version_serving"})  # only the admin API's
 
 
 def error_answer(status: int, hot: bool = False,

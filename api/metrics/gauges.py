@@ -36,6 +36,7 @@ class VersionGauges:
 
     depth: dict[str, int]  # lane -> items waiting
     resident: int  # workers holding it, ready or busy
+    failing: bool = False  # its loads keep failing (`failover.fleet.failing`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,9 @@ class StatsCollector(Collector):
         yield _family(GaugeMetricFamily, "model_resident_workers",
                       "Workers holding the version (ready or busy)", by,
                       ((split(v), g.resident) for v, g in s.versions.items()))
+        yield _family(GaugeMetricFamily, "model_failing",
+                      "1 while the version's loads keep failing: none is tried for a while", by,
+                      ((split(v), int(g.failing)) for v, g in s.versions.items()))
         yield _family(CounterMetricFamily, "model_loads",
                       "Loads of a version onto a worker, by what asked for it",
                       [*by, "reason"],

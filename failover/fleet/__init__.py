@@ -23,11 +23,13 @@ from failover.fleet.catalogue import (
     ModelConfig,
     NotInCatalogue,
     VersionConfig,
+    check_change,
     choose,
     load_catalogue,
     parse_catalogue,
 )
 from failover.fleet.cores import ModelCores
+from failover.fleet.fitting import check_fits, unreachable
 from failover.fleet.ledger import LATE_SHARE, MEASURE_WEIGHT, Kind, Ledger, Start
 from failover.fleet.placement import (
     REASONS,
@@ -90,6 +92,8 @@ __all__ = [
     "VersionView",
     "Versions",
     "WorkerView",
+    "check_change",
+    "check_fits",
     "choose",
     "initial_placement",
     "load_catalogue",
@@ -97,4 +101,5 @@ __all__ = [
     "parse_catalogue",
     "pool_throughput",
     "queued_batches",
+    "unreachable",
 ]

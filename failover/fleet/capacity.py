@@ -143,7 +143,7 @@ class Capacity:
             per_model[v.model] += v.resident + v.loading + adding[v.version]
         best, best_key = None, None
         for order, v in enumerate(views):
-            if v.retired or not v.wanted:
+            if v.retired or not v.wanted or v.failing:
                 continue
             if v.max_workers is not None and per_model[v.model] >= v.max_workers:
                 continue

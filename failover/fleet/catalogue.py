@@ -2,9 +2,12 @@
 
 Read from TOML (`--models FILE`, see examples/models.toml) or made from `--model SPEC` (one
 model named "default", version "v1"). A version is named by its `VersionKey`
-("model@version"): names hold only letters, digits, `_`, `.` and `-`. Every object here is
-frozen: a change made while serving (`with_settings`, `retire`) returns a new catalogue, checked as
-a file is, so whoever holds the old one never sees half a change.
+("model@version"): names hold 1 to 64 letters, digits, `_`, `.` and `-`, as a request may name
+them. Every object here is frozen: a change made while serving (`with_settings`, `retire`)
+returns a new catalogue, checked as a file is, so whoever holds the old one never sees half a
+change; a catalogue that replaces another (`check_change`) keeps each version's spec, so a
+version's name always means one function. Whether a pool can place it is
+`failover.fleet.fitting`'s question.
 
 A request without "@version" gets its model's weighted choice, or its default without
 weights. The default need not carry weight: it is the version that may not be retired and
@@ -33,7 +36,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
 
-from batcher import BatchgateError, VersionKey
+from batcher import NAME_MAX, BatchgateError, VersionKey
 from gpu_pool import validate_spec
 
 _MODEL_KEYS = ("default", "weights", "min_workers", "max_workers", "idle_unload_s", "versions")
@@ -179,15 +182,6 @@ class Catalogue:
             return model.default_key
         return model.key(choose(model.weights, sticky, rng))
 
-    def check_fits(self, workers: int) -> None:
-        """Raise CatalogueError unless a pool of `workers` can keep every model's
-        min_workers resident at once."""
-        wanted = sum(m.min_workers for m in self.models.values())
-        if wanted > workers:
-            each = ", ".join(f"{m.name} {m.min_workers}" for m in self.models.values())
-            _fail("models", f"min_workers add up to {wanted} ({each}), more than the pool's "
-                            f"{workers} workers")
-
     def with_settings(self, model: str, *, default: str | None = None,
                       weights: Mapping[str, int] | None = None, min_workers: int | None = None,
                       max_workers: int | None = None) -> Catalogue:
@@ -258,6 +252,20 @@ def choose(weights: Mapping[str, int], sticky: str | None,
         if point < 0:
             return version
     raise AssertionError("unreachable: point < total")
+
+
+def check_change(old: Catalogue, new: Catalogue) -> None:
+    """Raise CatalogueError if `new` gives a version `old` holds another spec: the workers
+    holding it would answer from two functions under one name. A new spec is a new version."""
+    for name, model in new.models.items():
+        before = old.models.get(name)
+        for short, config in model.versions.items():
+            held = None if before is None else before.versions.get(short)
+            if held is not None and held.spec != config.spec:
+                _fail(f"models.{name}.versions.{short}.spec",
+                      f"changed from {held.spec!r} to {config.spec!r}: a version's spec never "
+                      "changes under its name; add the new spec as a new version (and make "
+                      "it the default)")
 
 
 def parse_catalogue(text: str) -> Catalogue:
@@ -359,8 +367,15 @@ def _check_weights(m: ModelConfig, path: str) -> None:
 
 
 def _check_name(name: Any, path: str, what: str) -> None:
-    if not isinstance(name, str) or not VersionKey.is_name(name):
-        _fail(path, f"{name!r} is not a {what} name (letters, digits, _ . - only)")
+    """A name a request can spell: a longer one would be served and never reached."""
+    if isinstance(name, str) and VersionKey.is_name(name):
+        return
+    if not isinstance(name, str):
+        _fail(path, f"{name!r} is not a {what} name")
+    size = (f"; it has {len(name)} characters: no request could name it"
+            if len(name) > NAME_MAX else "")
+    _fail(path, f"{_shown(name)} is not a {what} name (1 to {NAME_MAX} letters, digits, "
+                f"_ . -{size})")
 
 
 def _table(value: Any, path: str) -> Mapping[str, Any]:
@@ -406,4 +421,4 @@ def _reduce(obj: ModelConfig | Catalogue) -> tuple[Any, ...]:
 
 
 __all__ = ["Catalogue", "CatalogueError", "ModelConfig", "NotInCatalogue", "VersionConfig",
-           "choose", "load_catalogue", "parse_catalogue"]
+           "check_change", "choose", "load_catalogue", "parse_catalogue"]

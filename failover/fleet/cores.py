@@ -3,8 +3,9 @@ core per live version, so a batch holds one version's items and runs on a worker
 and what a core guarantees (exactly-once settlement, tier order) holds per version.
 
 Its parts: `Versions` (which version a request gets, rollouts), `Residency` (which worker
-holds what, the ledger of starts), `Routing` (which core a request goes to, cold refusals),
-`Placing` (placement's switches) and `Sizing` (the scaling rule). The one-model case costs a
+holds what, the ledger of starts), `Failing` (versions whose loads keep failing), `Routing`
+(which core a request goes to, cold refusals), `Placing` (placement's switches) and `Sizing`
+(the scaling rule). The one-model case costs a
 dictionary lookup per event: placement runs only while the catalogue holds more than one
 live version or a version is leaving.
 """
@@ -17,10 +18,11 @@ from collections.abc import Callable, Sequence
 
 from batcher import Item, Tier, VersionKey
 from batcher.shared import Backoff
-from failover import CoreActions, CoreStatistics, DispatchCore, Refusal
+from failover import CoreActions, CoreStatistics, DispatchCore, ModelFailing, Refusal
 from failover.fleet.capacity import Capacity, CapacityGauges
 from failover.fleet.catalogue import Catalogue
-from failover.fleet.ledger import Ledger, Start
+from failover.fleet.failing import Failing
+from failover.fleet.ledger import Kind, Ledger, Start
 from failover.fleet.placement import Placement
 from failover.fleet.placing import Placing, VersionState
 from failover.fleet.residency import Residency
@@ -36,22 +38,28 @@ class ModelCores:
     def __init__(
         self, catalogue: Catalogue, make_core: Callable[[VersionKey, Catalogue], DispatchCore],
         placement: Placement, capacity: Capacity | None = None,
-        backoff: Backoff | None = None,
+        backoff: Backoff | None = None, most: int | None = None,
     ) -> None:
         """`make_core`: a new dispatch core serving a version of the catalogue. `capacity`:
         the rule of the pool's size (None: none). `backoff`: the pool's, which a start
-        that dies loading waits out."""
+        that dies loading waits out. `most`: the pool's largest size, against which a
+        request for a version no placement can serve is refused (None: never)."""
         self._make_core = make_core
         self._counts_offered = capacity is not None
         self._cores: dict[VersionKey, DispatchCore] = {}
         self._versions = Versions(catalogue)
         self._residency = Residency(Ledger(backoff), self._versions.load_hint)
-        self._placing = Placing(placement, self._versions, self._residency, self._cores)
-        self._sizing = Sizing(capacity, self._residency, self._placing, self._cores)
-        self._routing = Routing(self._versions, self._residency, self._placing, self._cores)
+        self._failing = Failing()
+        self._placing = Placing(placement, self._versions, self._residency, self._cores,
+                                self._failing)
+        self._sizing = Sizing(capacity, self._residency, self._placing, self._cores,
+                              self._failing)
+        self._routing = Routing(self._versions, self._residency, self._placing, self._cores,
+                                self._failing, most)
         self._draining = False
         self._sole: DispatchCore | None = None
-        self.set_catalogue(catalogue, 0.0)
+        self._freed: list[VersionKey] = []  # versions gone from the catalogue, their starts not
+        self.set_catalogue(catalogue, 0.0)  # yet replaced (done in the next turn's actions)
 
     @property
     def catalogue(self) -> Catalogue:
@@ -70,6 +78,15 @@ class ModelCores:
                 self._cores[version] = self._new_core(version)
         self._versions.change(catalogue, now, frozenset(self._cores))
         self._counted()
+        self._freed = [v for v in self._cores if not self._versions.live(v)]
+
+    def _free_left(self, out: CoreActions, now: float) -> None:
+        """The versions that left the catalogue: what was loading them loads what placement
+        wants instead, at once (a load that keeps failing would never end by itself)."""
+        left, self._freed = self._freed, []
+        for version in left:
+            self._failing.forget(version)
+            self._replace_starts(version, now, out, adds_too=True)
 
     def _counted(self) -> None:
         """Note whether one core serves everything (the one-model case takes it)."""
@@ -117,6 +134,8 @@ class ModelCores:
         ended = self._residency.up(worker, start, version, now) if start is not None else None
         if ended is not None and ended.kind.measured:
             out.loaded.append((ended.version, now - ended.since))
+        self._failing.loaded(version)
+        self._versions.recovered(version, now)
         core = self._cores.get(version)
         if core is None:  # gone from the catalogue while it loaded: it leaves when idle
             core = self._cores[version] = self._new_core(version)
@@ -136,15 +155,56 @@ class ModelCores:
         """Its slot carries out `restart`: a load under way, seen by placement and the rule
         (no second worker is sent to fill the gap)."""
         serving = self._residency.version_of(worker)
-        known = self._residency.died(worker, version or self.first_version(), restart, now)
+        version = version or self.first_version()
+        known = self._residency.died(worker, version, restart, now)
+        out = CoreActions()
+        if not known and self._failing.load_died(version, now):
+            self._gave_up(version, now, out)
+            known = True
         self._sizing.tell_coming(now)
         if serving is not None:
-            return self._placed(self._cores[serving].worker_died(worker, now), now)
-        return self._placed(CoreActions(), now) if known else CoreActions()
+            out.extend(self._cores[serving].worker_died(worker, now))
+            return self._placed(out, now)
+        return self._placed(out, now) if known else out
+
+    # -- versions whose loads keep failing ---------------------------------------------------
+    def _gave_up(self, version: VersionKey, now: float, out: CoreActions) -> None:
+        """`version`'s loads keep failing: a rollout to it ends, the slots loading it load
+        what placement wants instead, and with no worker up its queue is answered now."""
+        self._versions.abandon(version)
+        self._replace_starts(version, now, out, adds_too=False)
+        core = self._cores.get(version)
+        if core is not None and not core.ready_count():
+            wait = self._failing.until(version) - now
+            out.extend(core.refuse_queued(ModelFailing(
+                f"{version}'s loads keep failing", retry_after=wait)))
+
+    def _replace_starts(self, version: VersionKey, now: float, out: CoreActions,
+                        adds_too: bool) -> None:
+        """Each start of `version` whose worker died loading is taken back and a slot
+        started in its place with the version placement wants (none: it keeps trying). A
+        start the rule added is replaced only when `adds_too` (else it counts as no capacity
+        coming and keeps trying)."""
+        ledger, residency = self._residency.ledger, self._residency
+        for start in ledger.of(version):
+            if start.kind is Kind.ADD and not adds_too:
+                continue
+            if start.kind is not Kind.ADD and not start.failures:
+                continue  # its first load, in a slot the pool may not give back (a switch
+                # under way): it comes up, and leaves if unwanted
+            to = self._placing.replacement(now)
+            if to is None and start.kind is not Kind.ADD:
+                return  # nothing else to hold: the slot keeps trying
+            ledger.cancel(start.id)
+            out.cancel_start.append(start.id)
+            if to is not None:  # the pool's size is the rule's to change, not this
+                out.grow.append((to, ledger.ask(Kind.ADD, to, now, residency.load_s(to))))
 
     # -- time ----------------------------------------------------------------------------
     def poll(self, now: float) -> CoreActions:
         out = CoreActions()
+        if self._freed:
+            self._free_left(out, now)
         for core in self._cores.values():
             out.extend(core.poll(now))
         out = self._placed(out, now)
@@ -167,6 +227,8 @@ class ModelCores:
 
     def next_deadline(self) -> float:
         """The cores' earliest, or placement's next look (or a rollout's timeout) if sooner."""
+        if self._freed:
+            return -math.inf  # a turn at once: the slots of versions gone are given back
         cores = min((core.next_deadline() for core in self._cores.values()), default=math.inf)
         scale = math.inf if self._draining else self._sizing.due()
         return min(cores, self._placing.next_check, self._versions.next_rollout_deadline(),
@@ -202,6 +264,10 @@ class ModelCores:
     # -- reading -------------------------------------------------------------------------
     def versions(self, now: float) -> list[VersionState]:
         return self._placing.states(now)
+
+    def abandoned(self) -> dict[str, VersionKey]:
+        """Model -> the new default whose rollout was given up (its loads keep failing)."""
+        return dict(self._versions.abandoned)
 
     def serving_default(self, model: str) -> str | None:
         return self._versions.serving_default(model)

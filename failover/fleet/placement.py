@@ -79,6 +79,7 @@ class VersionView:
     wanted: bool = True  # False: nothing sends it new traffic (a version no request resolves to)
     resident: int = 0  # workers holding it, idle or busy (read by load_eta only)
     load_started: float = math.inf  # start of its load in progress (read by load_eta only)
+    failing: bool = False  # its loads keep failing: nothing is loaded for it for a while
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +139,12 @@ class PlacementSettings:
 def load_eta(version: VersionView, now: float) -> float:
     """Seconds until a worker of `version` could be ready: 0 when resident, the rest of its
     load when loading, load_s when a load could start now, math.inf when placement would start
-    none (retired, not wanted, no workers allowed). It cannot see whether a worker is free to
-    switch: read it as the soonest the version can serve."""
+    none (retired, not wanted, no workers allowed) or its loads keep failing. It cannot see
+    whether a worker is free to switch: read it as the soonest the version can serve."""
     if version.resident > 0:
         return 0.0
+    if version.failing:
+        return math.inf
     if version.loading > 0:
         if math.isfinite(version.load_started):
             return max(0.0, version.load_started + version.load_s - now)
@@ -258,7 +261,7 @@ class _Round:
         return self.model_resident[v.model] - 1 >= self.bounds[v.model].min_workers
 
     def can_take(self, v: VersionView, from_model: str) -> bool:
-        if v.retired or not v.wanted or self.loading[v.version] > 0:
+        if v.retired or not v.wanted or v.failing or self.loading[v.version] > 0:
             return False
         cap = self.bounds[v.model].max_workers
         return from_model == v.model or cap is None or self.model_total[v.model] < cap
@@ -346,7 +349,7 @@ class SwitchCost:
     def _needs(self, r: _Round) -> list[_Need]:
         s, now, out = self.settings, r.now, []
         for v in r.views.values():
-            if v.retired or not v.wanted or v.loading > 0:
+            if v.retired or not v.wanted or v.failing or v.loading > 0:
                 continue
             here = r.resident[v.version]
             excess = r.excess(v)
@@ -418,7 +421,8 @@ class SwitchCost:
     def _model_pick(r: _Round, model: str) -> VersionView | None:
         """The version a model's floor is filled with: its busiest live one, ties to the first."""
         live = [v for v in r.views.values()
-                if v.model == model and not v.retired and v.wanted and v.loading == 0]
+                if v.model == model and not v.retired and v.wanted and not v.failing
+                and v.loading == 0]
         return min(live, key=lambda v: (-v.queued, -v.rate, r.order[v.version]), default=None)
 
 

@@ -3,8 +3,9 @@ version, a view per worker up), the switches it and the rollouts decide, recorde
 ledger and handed to the owner as actions, and when a cold version could serve.
 
 Rollout: while a model's new default has not taken over (`Versions.rolled`), it is loaded
-one worker at a time from the old default's idle workers past their residency, never the
-old one's last.
+one worker at a time from the old default's idle workers past their residency, the old
+one's last only once the rollout's time is up (a model on one worker: the new default loads,
+then takes over; if its loads keep failing the slot loads the old one again).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from batcher import VersionKey
 from failover import CoreActions, DispatchCore
 from failover.fleet.capacity import Idle
+from failover.fleet.failing import Failing
 from failover.fleet.placement import (
     Placement,
     PlacementSettings,
@@ -36,6 +38,7 @@ class VersionStatus(enum.StrEnum):
     LOADING = "loading"  # none does; one is loading it
     COLD = "cold"  # none holds or loads it
     RETIRED = "retired"  # no new requests; its queue finishes, its workers leave
+    FAILING = "failing"  # none holds it and its loads keep failing: none is tried for a while
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +55,10 @@ class VersionState:
 
 class Placing:
     def __init__(self, placement: Placement, versions: Versions, residency: Residency,
-                 cores: dict[VersionKey, DispatchCore]) -> None:
-        """`cores`: the composite's, by version (read only)."""
+                 cores: dict[VersionKey, DispatchCore], failing: Failing) -> None:
+        """`cores`: the composite's, by version, and `failing` (both read only)."""
         self._placement = placement
+        self._failing = failing
         self._versions = versions
         self._residency = residency
         self._cores = cores
@@ -90,8 +94,10 @@ class Placing:
             old_up = self._resident(old)
             if self._versions.rolled(name, now, self._resident(target), old_up):
                 continue
-            if self._residency.loading(target) or old_up <= 1:
+            if self._residency.loading(target):
                 continue
+            if old_up <= 1 and not self._versions.overdue(name):
+                continue  # its last worker goes only once the rollout's time is up
             stay = self._min_resident(self._residency.load_s(old))
             idle = [w for w in self._cores[old].idle_workers()
                     if now >= self._residency.since(w) + stay]
@@ -130,6 +136,7 @@ class Placing:
                 wanted=versions.wanted(version, now),
                 resident=resident,
                 load_started=residency.ledger.began(version),
+                failing=self._failing.failing(version, now),
             ))
         return out
 
@@ -139,10 +146,33 @@ class Placing:
             resident, loading = core.ready_count(), self._residency.loading(version)
             state = (VersionStatus.RETIRED if not self._versions.live(version)
                      else VersionStatus.RESIDENT if resident
+                     else VersionStatus.FAILING if self._failing.failing(version, now)
                      else VersionStatus.LOADING if loading else VersionStatus.COLD)
             out.append(VersionState(version, state, resident, loading, core.demand(now).queued,
                                     self._residency.ledger.measured.get(version)))
         return out
+
+    def replacement(self, now: float) -> VersionKey | None:
+        """What a slot whose version's loads keep failing loads instead: a live version
+        wanted and not failing, within its model's max_workers, a model below its floor
+        first, then the most demand per worker it would have (ties: catalogue order); None
+        if there is none (the slot keeps trying what it holds)."""
+        views = self.views(now)
+        per_model = Counter[str]()
+        for v in views:
+            per_model[v.model] += v.resident + v.loading
+        best, best_key = None, None
+        for order, v in enumerate(views):
+            if v.retired or not v.wanted or v.failing:
+                continue
+            if v.max_workers is not None and per_model[v.model] >= v.max_workers:
+                continue
+            workers = v.resident + v.loading
+            key = (per_model[v.model] >= v.min_workers,
+                   -(v.rate + v.queued) / (v.throughput.per_worker * (workers + 1)), order)
+            if best_key is None or key < best_key:
+                best, best_key = v.version, key
+        return best
 
     def _resident(self, version: VersionKey) -> int:
         core = self._cores.get(version)

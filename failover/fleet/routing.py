@@ -2,7 +2,11 @@
 version go to its core; a version with no worker up counts the workers loading it as ready,
 so that its requests are queued, not refused; a cold version whose load the request's
 deadline cannot wait for refuses it (`ModelLoading`, with the load's ETA as its
-Retry-After), and until then the refusal asks placement for the load, as an arrival would.
+Retry-After), and until then the refusal asks placement for the load, as an arrival would; a
+version with no worker up whose loads keep failing refuses it at once (`ModelFailing`, with
+the end of the hold as its Retry-After); a cold version that no placement can ever give a
+worker on this pool (`failover.fleet.fitting`) refuses it at once (`ModelUnplaceable`, no
+load promised).
 """
 
 from __future__ import annotations
@@ -10,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batcher import BatchgateError, Item, VersionKey
-from failover import DispatchCore, ModelLoading, Refusal, UnknownModel
+from failover import (
+    DispatchCore,
+    ModelFailing,
+    ModelLoading,
+    ModelUnplaceable,
+    Refusal,
+    UnknownModel,
+)
+from failover.fleet.catalogue import Catalogue
+from failover.fleet.failing import Failing
+from failover.fleet.fitting import unreachable
 from failover.fleet.placing import Placing
 from failover.fleet.residency import Residency
 from failover.fleet.versions import Versions
@@ -18,9 +32,14 @@ from failover.fleet.versions import Versions
 
 class Routing:
     def __init__(self, versions: Versions, residency: Residency, placing: Placing,
-                 cores: dict[VersionKey, DispatchCore]) -> None:
-        """`cores`: the composite's, by version (read only)."""
+                 cores: dict[VersionKey, DispatchCore], failing: Failing,
+                 most: int | None = None) -> None:
+        """`cores`: the composite's, by version, and `failing` (both read only); `most`:
+        the pool's largest size (None: not known, nothing is refused as unplaceable)."""
+        self._most = most
+        self._lost: tuple[Catalogue | None, dict[VersionKey, str]] = (None, {})
         self._versions = versions
+        self._failing = failing
         self._residency = residency
         self._placing = placing
         self._cores = cores
@@ -66,6 +85,14 @@ class Routing:
         versions.arrived(version, now)
         if core.ready_count() or draining:
             return core, 0
+        if self._failing.failing(version, now):
+            wait = self._failing.until(version) - now
+            raise ModelFailing(f"{version}'s loads keep failing: none is tried for "
+                               f"{wait:.0f} s, or until the catalogue changes it",
+                               retry_after=wait)
+        why = self._unplaceable(version)
+        if why is not None and not self._residency.loading(version):
+            raise ModelUnplaceable(f"{version} can never get a worker on this pool: {why}")
         eta = self._placing.eta(version, now)
         if eta > deadline_in:  # until then the refusal asks for the load, as an arrival
             versions.promise(version, now + eta)
@@ -73,6 +100,16 @@ class Routing:
                 f"{version} is loading (about {eta:.1f} s), past the request's deadline",
                 retry_after=eta)
         return core, max(1, self._residency.loading(version))
+
+    def _unplaceable(self, version: VersionKey) -> str | None:
+        """Why no placement can give `version` a worker (None: one can), worked out once
+        per catalogue."""
+        if self._most is None:
+            return None
+        catalogue = self._versions.catalogue
+        if self._lost[0] is not catalogue:
+            self._lost = (catalogue, unreachable(catalogue, self._most))
+        return self._lost[1].get(version)
 
 
 __all__ = ["Routing"]

@@ -2,7 +2,7 @@
 owner's turn, the starts it asks for recorded in the ledger and handed to the owner, the
 worker it retires taken out of its core, and each version's core told when its workers on
 their way are expected up, so that admission counts them (the door stays honest while
-capacity comes).
+capacity comes); a version whose loads keep failing has none coming.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from batcher import VersionKey
 from failover import CoreActions, DispatchCore
 from failover.fleet.capacity import Capacity, CapacityGauges
+from failover.fleet.failing import Failing
 from failover.fleet.ledger import Kind
 from failover.fleet.placing import Placing
 from failover.fleet.residency import Residency
@@ -17,10 +18,12 @@ from failover.fleet.residency import Residency
 
 class Sizing:
     def __init__(self, capacity: Capacity | None, residency: Residency, placing: Placing,
-                 cores: dict[VersionKey, DispatchCore]) -> None:
+                 cores: dict[VersionKey, DispatchCore], failing: Failing) -> None:
         """`capacity`: None for a pool whose size never changes and whose restarts nobody
-        waits for (tests); `cores`: the composite's, by version (read only)."""
+        waits for (tests); `cores`: the composite's, by version, and `failing` (both read
+        only)."""
         self._capacity = capacity
+        self._failing = failing
         # A fixed pool's rule never scales: it meters no arrivals (the hot path).
         self.metered = capacity if capacity is not None and capacity.scales else None
         self._residency = residency
@@ -62,9 +65,10 @@ class Sizing:
         """Tell each version's core when its workers on their way are expected up."""
         if self._capacity is None:
             return
-        residency = self._residency
-        for version, core in self._cores.items():
-            core.workers_coming(residency.ledger.joining(version, now, residency.load_s(version)))
+        residency, failing = self._residency, self._failing
+        for version, core in self._cores.items():  # loads that keep failing bring nothing
+            core.workers_coming(() if failing.failing(version, now) else
+                                residency.ledger.joining(version, now, residency.load_s(version)))
 
     def gauges(self, now: float, running: int) -> CapacityGauges | None:
         """The pool's size as the rule sees it (None: no rule)."""

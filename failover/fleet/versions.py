@@ -3,7 +3,10 @@
 The catalogue says what may be served and how a request chooses (`Catalogue.resolve`);
 this adds what serving changes: a model's new default takes effect for requests naming no
 version and carrying no weights once it is resident on as many workers as the old, or
-after `ROLLOUT_TIMEOUT_S` (the composite core asks, `rolled`, and makes the switches).
+after `ROLLOUT_TIMEOUT_S` once it is resident at all (the composite core asks, `rolled`, and
+makes the switches). A rollout whose target's loads keep failing is abandoned: the old
+default keeps serving, and the same target is not rolled out again until the catalogue
+names another default (or the target loads after all).
 It also keeps who asked for a version lately: its last arrival, and the Retry-After a
 refused request was told while the version was cold (until then the refusal asks for the
 load, as an arrival would).
@@ -17,7 +20,7 @@ from batcher import VersionKey
 from failover import UnknownModel
 from failover.fleet.catalogue import Catalogue
 
-ROLLOUT_TIMEOUT_S = 300.0  # a new default takes effect after this even if not yet resident
+ROLLOUT_TIMEOUT_S = 300.0  # a new default resident on fewer workers than the old takes over
 
 
 class Versions:
@@ -26,6 +29,8 @@ class Versions:
         self._rollout_since: dict[str, float] = {}
         self._last_arrival: dict[VersionKey, float] = {}
         self._promised: dict[VersionKey, float] = {}  # cold versions: the Retry-After told, until
+        self.abandoned: dict[str, VersionKey] = {}  # model -> the target its rollout gave up
+        self._overdue: set[str] = set()  # rollouts past their timeout, waiting for a worker
         self.catalogue = catalogue
         self._live: frozenset[VersionKey] = frozenset()
         self._only: VersionKey | None = None
@@ -40,13 +45,17 @@ class Versions:
         for name, model in catalogue.models.items():
             target = model.default_key
             current = self._effective.get(name)
+            if self.abandoned.get(name) not in (None, target):
+                del self.abandoned[name]  # another default asked for: a rollout of its own
             if current is None or current not in self._live or (known and current not in known):
                 self._effective[name] = target
-            elif current != target:
+            elif current != target and self.abandoned.get(name) != target:
                 self._rollout_since.setdefault(name, now)
         for name in [n for n in self._effective if n not in catalogue.models]:
             del self._effective[name]
             self._rollout_since.pop(name, None)
+            self._overdue.discard(name)
+            self.abandoned.pop(name, None)
         self._only = self._the_only()
 
     def _the_only(self) -> VersionKey | None:
@@ -133,19 +142,52 @@ class Versions:
         """Whether `model`'s new default takes over now (resident on `new_up` workers,
         the old on `old_up`): then it has."""
         since = self._rollout_since[model]
-        if new_up < max(1, old_up) and now - since < ROLLOUT_TIMEOUT_S:
+        if new_up == 0:  # a version no worker holds never becomes the default
+            if now - since >= ROLLOUT_TIMEOUT_S:
+                self._overdue.add(model)  # its first worker up decides, not the clock
+            return False
+        if new_up < old_up and now - since < ROLLOUT_TIMEOUT_S:
             return False
         old = self._effective[model]
         target = self.catalogue.models[model].default_key
         self._effective[model] = target
         del self._rollout_since[model]
+        self._overdue.discard(model)
         if old != target:  # the old one's arrivals were the default's
             self._last_arrival.pop(old, None)
         self._only = self._the_only()
         return True
 
+    def abandon(self, target: VersionKey) -> list[str]:
+        """`target`'s loads keep failing: the models rolling out to it stop, their old
+        default kept. The models whose rollout ended."""
+        ended = [name for name, _, to in self.rolling() if to == target]
+        for name in ended:
+            del self._rollout_since[name]
+            self._overdue.discard(name)
+            self.abandoned[name] = target
+        if ended:
+            self._only = self._the_only()
+        return ended
+
+    def recovered(self, version: VersionKey, now: float) -> None:
+        """`version` loaded after all: a rollout to it abandoned goes on."""
+        name = version.model
+        if self.abandoned.get(name) != version:
+            return
+        del self.abandoned[name]
+        if self._effective.get(name) != version and \
+                self.catalogue.models[name].default_key == version:
+            self._rollout_since.setdefault(name, now)
+            self._only = self._the_only()
+
+    def overdue(self, model: str) -> bool:
+        """Whether `model`'s rollout is past its timeout with no worker holding the target."""
+        return model in self._overdue
+
     def next_rollout_deadline(self) -> float:
-        return min(self._rollout_since.values(), default=math.inf) + ROLLOUT_TIMEOUT_S
+        return min((since for name, since in self._rollout_since.items()
+                    if name not in self._overdue), default=math.inf) + ROLLOUT_TIMEOUT_S
 
     @property
     def rolling_out(self) -> bool:

@@ -78,8 +78,10 @@ async def test_two_models_in_a_cell_and_their_admin_api_through_either_gateway(
             denied = await second.get("/admin/models", headers=PAID)
             assert denied.status_code == 401
 
-            # SIGHUP to the supervisor: the core re-reads the file.
-            await path.write_text(TWO_MODELS + f"""
+            # SIGHUP to the supervisor: the core re-reads the file (b's floor dropped: with
+            # a's and b's holding both workers, c could never get one and it would be refused).
+            await path.write_text(TWO_MODELS.replace("[models.b]", "[models.b]\nmin_workers = 0")
+                                  + f"""
 [models.c]
 min_workers = 0
 [models.c.versions.v1]

@@ -171,6 +171,16 @@ def test_put_of_min_workers_the_pool_cannot_keep_says_so() -> None:
     assert admin.call("PUT", "other", body={"min_workers": 2})[0] == 200  # 1 + 2 fit
 
 
+def test_put_of_min_workers_that_leave_another_model_no_worker_ever_is_refused() -> None:
+    """The issue's: topics' floor at the pool's size would leave `other` (min_workers 0) no
+    worker for good, told "loading" on every try."""
+    admin = Admin()
+    message = refused(admin.call("PUT", "topics", body={"min_workers": 3}), 422,
+                      "invalid_change")
+    assert message.startswith("models.other.min_workers: other@v1 could never get a worker")
+    assert admin.woken == 0
+
+
 def test_put_of_an_unknown_model_is_not_found() -> None:
     admin = Admin()
     refused(admin.call("PUT", "nope", body={"min_workers": 0}), 404, "not_found")
@@ -180,7 +190,7 @@ def test_put_of_an_unknown_model_is_not_found() -> None:
 
 def test_delete_retires_a_version_it_then_takes_no_request() -> None:
     admin = Admin()
-    admin.call("PUT", "topics", body={"weights": {"v1": 90, "v2": 10}})
+    admin.call("PUT", "topics", body={"weights": {"v1": 100, "v2": 0}})
     status, view = admin.call("DELETE", "topics", "v2")
     topics = next(m for m in view["models"] if m["name"] == "topics")
     assert status == 200 and topics["weights"] == {"v1": 100}
@@ -188,6 +198,28 @@ def test_delete_retires_a_version_it_then_takes_no_request() -> None:
     assert "topics@v2" not in admin.catalogue.versions()
     assert admin.woken == 2
     assert admin.call("DELETE", "topics", "v2") == (200, view)  # again: the same
+
+
+def test_delete_of_a_version_with_weight_is_refused_until_its_weight_is_0() -> None:
+    admin = Admin()
+    admin.call("PUT", "topics", body={"weights": {"v1": 90, "v2": 10}})
+    message = refused(admin.call("DELETE", "topics", "v2"), 409, "version_serving")
+    assert 'weight to 0 first (PUT /admin/models/topics {"weights":{"v1":100}})' in message
+    assert "topics@v2" in admin.catalogue.versions() and admin.woken == 1
+
+
+def test_delete_of_the_version_that_still_serves_the_default_waits_for_the_rollout() -> None:
+    """README's sequence: the old default serves until the new one is resident; retired
+    before, every request would wait for a version nobody loaded."""
+    admin = Admin()
+    admin.call("PUT", "topics", body={"default": "v2"})
+    message = refused(admin.call("DELETE", "topics", "v1"), 409, "version_serving")
+    assert "rollout to v2 has not taken over" in message and admin.woken == 1
+    for _ in range(60):  # virtual seconds: past v1's residency, v2 loads and takes over
+        if admin.model("topics")["serving_default"] == "v2":
+            break
+        admin.world.run(admin.world.now + 1.0)
+    assert admin.call("DELETE", "topics", "v1")[0] == 200
 
 
 def test_delete_of_the_default_or_of_nothing_is_refused() -> None:
@@ -226,7 +258,10 @@ def test_reload_serves_the_file_as_it_is_now(tmp_path: Path,
 @pytest.mark.parametrize("text", [
     "[models.topics\n", FILE.replace('default = "v1"', 'default = "v9"'),
     FILE.replace("min_workers = 0", "min_workers = 3"), FILE + "\nextra = 1\n", None,
-], ids=["toml", "default", "over the pool", "unknown key", "missing"])
+    FILE.replace('spec = "sim"\nload_s = 2', 'spec = "minilm"\nload_s = 2'),
+    FILE.replace("max_workers = 3", "max_workers = 3\nmin_workers = 3"),
+], ids=["toml", "default", "over the pool", "unknown key", "missing", "spec changed",
+        "unplaceable"])
 def test_a_file_that_fails_to_load_changes_nothing_and_says_why(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str | None) -> None:
     path = tmp_path / "models.toml"

@@ -55,9 +55,9 @@ def test_what_the_admin_api_shows_is_what_the_document_says(admin: ModelsAdmin) 
     assert valid(SCHEMAS["Models"], MODELS_EXAMPLE)
     status, shown = admin.call("GET", None, None, b"")
     assert status == 200 and valid(SCHEMAS["Models"], orjson.loads(orjson.dumps(shown)))
-    status, changed = admin.call("PUT", "topics", None, b'{"weights": {"v1": 90, "v2": 10}}')
+    status, changed = admin.call("PUT", "topics", None, b'{"weights": {"v1": 100, "v2": 0}}')
     assert status == 200 and valid(SCHEMAS["Models"], changed)
-    status, retired = admin.call("DELETE", "topics", "v2", b"")
+    status, retired = admin.call("DELETE", "topics", "v2", b"")  # no weight: it serves none
     assert status == 200 and valid(SCHEMAS["Models"], retired)
 
 

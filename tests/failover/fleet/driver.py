@@ -104,6 +104,9 @@ class World:
     def __post_init__(self) -> None:
         self.expected: dict[StartId, Any] = {}  # starts the rule counts (a scaled pool)
         self.dead: dict[WorkerId, str] = {}  # incarnations reported dead: the version held
+        self.came_up: set[WorkerId] = set()
+        self.failed_loads: set[StartId] = set()  # starts whose worker died loading
+        self.replacing = 0  # starts taken back whose slot a new start replaces
         self.spy = Spy(SwitchCost(PLACEMENT))
         self.cores = self.build_cores()
         self.spy.cores = self.cores
@@ -279,12 +282,14 @@ class World:
         self.steps.call(lambda: self.pool.fail_load(slot.index))
 
     # -- the books, as the pool's events come --------------------------------------------
-    def on_ready(self, start: StartId) -> None:
-        pass
+    def on_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        self.came_up.add(worker)
 
     def on_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         """A batch lost with its worker is queued again (unless another runs it)."""
         self.dead[worker] = version
+        if worker not in self.came_up and restart is not None:
+            self.failed_loads.add(restart)
         flight = self.flights.pop(worker, None)
         flying = {i.id for f in self.flights.values() for i in f.items}
         for item in flight.items if flight is not None else ():
@@ -339,7 +344,9 @@ class World:
                 f"(minimum {stay:.3f} s)")
 
     def add(self, version: str, start: StartId) -> None:
-        raise AssertionError(f"a fixed pool was asked to grow by {version}")
+        """Only in place of a start taken back: a fixed pool keeps its size."""
+        assert self.replacing > 0, f"a fixed pool was asked to grow by {version}"
+        self.replacing -= 1
 
     def added(self, version: str) -> None:
         pass
@@ -351,7 +358,13 @@ class World:
         pass
 
     def cancelling(self, start: StartId) -> None:
-        raise AssertionError(f"a fixed pool was asked to take back {start}")
+        """Only a start whose loads died (its version's keep failing) or of a version gone
+        from the catalogue, and only to start another in its place."""
+        version = next((s.version for s in self.slots if s.start == start), None)
+        assert start in self.failed_loads or (
+            version is not None and version not in self.cores.catalogue.versions()), (
+            f"a fixed pool was asked to take back {start}")
+        self.replacing += 1
 
     def cancelled(self, start: StartId, version: str) -> None:
         pass

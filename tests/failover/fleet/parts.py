@@ -224,7 +224,7 @@ class Heard:
         self.world, self.owner = world, owner
 
     def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
-        self.world.on_ready(start)
+        self.world.on_ready(worker, start, str(version))
         self.owner.worker_ready(worker, start, version)
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:

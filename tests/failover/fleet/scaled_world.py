@@ -27,6 +27,7 @@ from failover.fleet import Decision, Scaler, ScalerSettings
 from failover.fleet.capacity import STEP_S, Capacity
 from failover.fleet.catalogue import Catalogue
 from failover.fleet.cores import ModelCores
+from failover.fleet.failing import FAILED_LOADS, HOLD_S
 from failover.fleet.ledger import LATE_SHARE
 from gpu_pool import Origin, Run, StartId, WorkerId
 from tests.failover.fleet.driver import (
@@ -105,6 +106,8 @@ class ScaledWorld(World):
     cancels: list[tuple[float, str]] = field(default_factory=list)  # (when, its version)
     refusals: list[tuple[float, Tier, BatchgateError]] = field(default_factory=list)
     made: dict[str, DispatchCore] = field(default_factory=dict)  # each version's newest core
+    load_deaths: dict[str, int] = field(default_factory=dict)  # loads dead in a row, by version
+    failing_since: dict[str, float] = field(default_factory=dict)
     paid_rates: dict[str, RateMeter] = field(default_factory=dict)  # admitted paid, by version
     offered: dict[tuple[str, Tier], RateMeter] = field(default_factory=dict)  # met the batcher
 
@@ -127,13 +130,21 @@ class ScaledWorld(World):
         return self.made[version]
 
     # -- the books, as the pool's events come ------------------------------------------------
-    def on_ready(self, start: StartId) -> None:
+    def on_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+        super().on_ready(worker, start, version)
         self.expected.pop(start, None)
+        self.load_deaths.pop(version, None)
+        self.failing_since.pop(version, None)
 
     def on_died(self, worker: WorkerId, version: str, restart: StartId | None) -> None:
         """A start that failed loading moves out by the backoff; a worker up that died is
-        restarted, a start the rule counts."""
+        restarted, a start the rule counts. FAILED_LOADS loads of a version dead in a row
+        make it failing for HOLD_S (`failover.fleet.failing`)."""
         super().on_died(worker, version, restart)
+        if worker not in self.came_up:
+            self.load_deaths[version] = died = self.load_deaths.get(version, 0) + 1
+            if died >= FAILED_LOADS and not self.failing(version):
+                self.failing_since[version] = self.now
         if restart is None:
             return
         mine = self.expected.get(restart)
@@ -184,12 +195,19 @@ class ScaledWorld(World):
             self.check_floor(version, "retired")
 
     def cancelling(self, start: StartId) -> None:
-        assert start in self.expected, f"took back {start}, which the pool never started"
-        self.cancels.append((self.now, self.expected[start].version))
+        known = self.expected.get(start)
+        slot = next((s for s in self.slots if s.start == start), None)
+        assert known is not None or (start in self.failed_loads and slot is not None), (
+            f"took back {start}, which the pool never started")
+        self.cancels.append((self.now, known.version if known else str(slot.version)))
 
     def cancelled(self, start: StartId, version: str) -> None:
-        """`Pool.cancel_start` took the slot loading `start` out of the pool."""
-        del self.expected[start]
+        """`Pool.cancel_start` took the slot loading `start` out of the pool: a slot
+        whose loads died, or of a version gone, is replaced in the same turn (its floor is
+        the turn's check, `check_capacity`)."""
+        self.expected.pop(start, None)
+        if start in self.failed_loads or version not in self.cores.catalogue.versions():
+            return
         self.check_floor(version, "took back a start of")
 
     # -- the door ------------------------------------------------------------------------
@@ -229,6 +247,10 @@ class ScaledWorld(World):
         self.run(until)
 
     # -- reading -------------------------------------------------------------------------
+    def failing(self, version: str) -> bool:
+        since = self.failing_since.get(version)
+        return since is not None and self.now < since + HOLD_S
+
     def on_model(self, model: str) -> int:
         """Slots holding or loading a version of `model`."""
         return sum(VersionKey.parse(s.version).model == model for s in self.slots)
@@ -270,11 +292,14 @@ class ScaledWorld(World):
         """The core's `joining` is the expected ETAs of `version` not overdue by more than a
         start-up, sorted. It is refreshed on every event and each STEP_S: one that went
         overdue since may still be there (the oldest, then)."""
+        got = list(self.made[version].joining)
+        if self.failing(version):  # its starts bring no capacity anyone can count on
+            assert got == [], f"{version}: loads keep failing, yet joining {got}"
+            return
         start_s = self.load_s(version)
         etas = sorted(e.eta for e in self.expected.values() if e.version == version)
         due = [t for t in etas if self.now <= t + start_s]
         stale = [t for t in etas if t + start_s < self.now <= t + start_s + STEP_S]
-        got = list(self.made[version].joining)
         assert got == sorted(got), f"{version}: joining not sorted {got}"
         want = (stale + due)[-len(got):] if got else []
         assert len(due) <= len(got) <= len(stale) + len(due), (

@@ -26,6 +26,7 @@ from batcher.admission import capacity_wait
 from batcher.errors import OverBudget
 from failover.fleet.capacity import STEP_S
 from failover.fleet.catalogue import Catalogue
+from failover.fleet.failing import FAILED_LOADS
 from gpu_pool import WorkerId
 from tests.failover.fleet.driver import LATENCY, MAX_BATCH
 from tests.failover.fleet.scaled_world import (
@@ -222,13 +223,18 @@ def test_a_worker_lost_while_serving_is_restarted_not_replaced_twice() -> None:
 
 
 def test_a_failed_start_is_retried_after_the_backoff_and_its_eta_moves_out() -> None:
+    """Its ETA moves out by the backoff; once the version's loads have failed FAILED_LOADS
+    times in a row no capacity is said to be coming (the start still tries)."""
     w = stepped()
     slot = next(s for s in w.slots if s.counted)
-    for failures in (1, 2, 3):
+    for failures in range(1, FAILED_LOADS + 1):
         w.run(w.now + 0.25)
         w.load_failed(slot)
         eta = w.now + backoff(failures) + LOAD_S
-        assert max(w.made[V].joining) == pytest.approx(eta)
+        if failures < FAILED_LOADS:
+            assert max(w.made[V].joining) == pytest.approx(eta)
+        else:
+            assert w.made[V].joining == (), "loads that keep failing promised as capacity"
         assert tuple(w.cores.starts())[-1].failures == failures
     assert backoff(3) == 4 * BACKOFF.first
     w.offer(eta - 0.01, free=90, paid=30)

@@ -27,6 +27,7 @@ from failover.fleet.catalogue import (
     ModelConfig,
     NotInCatalogue,
     VersionConfig,
+    check_change,
     choose,
     load_catalogue,
     parse_catalogue,
@@ -458,8 +459,24 @@ def test_single_refuses_a_bad_spec() -> None:
         Catalogue.single("no spec")
 
 
-def test_check_fits_counts_every_models_min_workers() -> None:
-    two = catalogue().with_settings("echo", min_workers=2)
-    two.check_fits(3)
-    with pytest.raises(CatalogueError, match=r"min_workers add up to 3 \(topics 1, echo 2\)"):
-        two.check_fits(2)
+@pytest.mark.parametrize(("text", "path"), [
+    (f"[models.{'m' * 65}.versions.v1]\nspec = 'sim'", "models: "),
+    (f"[models.m.versions.{'v' * 65}]\nspec = 'sim'", "models.m.versions: "),
+], ids=["model", "version"])
+def test_a_name_longer_than_a_request_can_name_is_refused_with_its_path(
+        text: str, path: str) -> None:
+    """A request names at most 64 characters a part: a longer name would load, never serve."""
+    with pytest.raises(CatalogueError) as caught:
+        parse_catalogue(text)
+    assert str(caught.value).startswith(path) and "it has 65 characters" in str(caught.value)
+    parse_catalogue(text.replace("m" * 65, "m" * 64).replace("v" * 65, "v" * 64))
+
+
+def test_a_new_catalogue_may_not_change_a_versions_spec_under_its_name() -> None:
+    changed = ISSUE.replace('spec = "minilm"', 'spec = "sim"')
+    with pytest.raises(CatalogueError, match=r"^models\.topics\.versions\.v1\.spec: changed "
+                                             r"from 'minilm' to 'sim'.*new version"):
+        check_change(catalogue(), parse_catalogue(changed))
+    added = changed.replace("[models.topics.versions.v1]", "[models.topics.versions.v3]")
+    check_change(catalogue(), parse_catalogue(added.replace('default = "v1"', 'default = "v3"')
+                                              .replace("v1 = 90", "v3 = 90")))
