@@ -33,6 +33,18 @@ def hash_key(key: str) -> str:
     return HASHED + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+KEY_ACCOUNT = "key-"  # an entry without `account`: this and the head of its key's SHA-256
+
+
+def key_account(key: str) -> str:
+    """The account of a keys entry that names none. Never the key: an account is written to
+    the access log and into the names of Redis keys. Derived from the key's hash, so every
+    process of a cell and every restart name it alike, and an entry holding the key hashed
+    gets the account the plain key would."""
+    digest = key if key.startswith(HASHED) else hash_key(key)
+    return KEY_ACCOUNT + digest.removeprefix(HASHED)[:16]
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRing:
     keys: dict[str, Principal]  # by the key, or by `hash_key(key)` for a hashed entry
@@ -91,7 +103,7 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
             raise KeysFileError(f"keys file {path}: key entry {n} repeats a key")
         if key.startswith(HASHED) and not _is_hash(key):
             raise KeysFileError(f"keys file {path}: key entry {n}: sha256: needs 64 hex digits")
-        keys[key] = Principal(Tier[tier.upper()], str(account or key), key)
+        keys[key] = Principal(Tier[tier.upper()], str(account or key_account(key)), key)
     admin = data.get("admin", {}).get("keys", [])
     if not isinstance(admin, list) or not all(isinstance(k, str) and k for k in admin):
         raise KeysFileError(f"keys file {path}: admin.keys must be a list of strings")
@@ -114,5 +126,5 @@ def _is_hash(key: str) -> bool:
     return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
-__all__ = ["ANONYMOUS", "ANONYMOUS_ACCOUNT", "HASHED", "KeyRing", "Principal", "hash_key",
-           "load_keys"]
+__all__ = ["ANONYMOUS", "ANONYMOUS_ACCOUNT", "HASHED", "KEY_ACCOUNT", "KeyRing", "Principal",
+           "hash_key", "key_account", "load_keys"]

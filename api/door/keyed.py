@@ -170,9 +170,10 @@ class KeyedPath:
                                   lambda ran: self._landed(entry, job, ran, lease))
             try:
                 answered = await self._serve(job, client, register, pending)
-                self._metrics.queue_waited(tier.label, answered.waits, answered.model)
+                # What ran goes with the answer, to be counted and timed where it is sent.
                 response = Rendered(200, answer_body(answered.outputs, job.single,
-                                                     model=answered.model))
+                                                     model=answered.model), (),
+                                    answered.waits, answered.batch, answered.model)
             except ClientClosed as exc:  # no answer of its own: its joiners retry, or
                 # wait for what its inputs bring if they run on
                 self._linger(entry, pending, lease)

@@ -16,8 +16,8 @@ model),
 long turn) gives it only the time it has left, as a single process would have.
 Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts, model) for an
 `Answered`,
-("no", rid, status, body, headers) for a `Rendered`, ("value", rid, value) for a call's
-value, ("error", rid, message) for a call that failed.
+("no", rid, status, body, headers, waits, batch, model) for a `Rendered`, ("value", rid,
+value) for a call's value, ("error", rid, message) for a call that failed.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def outcome_message(rid: int, outcome: Outcome) -> Message:
     if isinstance(outcome, Answered):
         return ("ok", rid, outcome.outputs, outcome.waits, outcome.batch, outcome.batch_ids,
                 outcome.attempts, outcome.model)
-    return ("no", rid, outcome.status, outcome.body, outcome.headers)
+    return ("no", rid, outcome.status, outcome.body, outcome.headers, outcome.waits,
+            outcome.batch, outcome.model)
 
 
 def outcome_of(message: Message) -> Any:

@@ -118,6 +118,7 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
     """The record of a `POST /v1/batchstring`: its `outcome` and the id its answer carries
     (`rid`), or the `code` of the error it was answered with instead."""
     status, answered, replayed, model = 200, None, False, None
+    queue_ms = batch_ms = None
     if code is not None:
         status = ERRORS[code].status
     elif isinstance(outcome, Answered):
@@ -129,15 +130,22 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
             rid, model = _id_of(outcome.body), _model_of(outcome.body)
         else:
             code = _code_of(outcome.body)
-    # Milliseconds to 0.01 and 0.1 by hand: `round(x, n)` costs three times as much.
+        if outcome.waits:  # a keyed request's own run
+            queue_ms, batch_ms = _ms(max(outcome.waits)), _ms(outcome.batch)
+    if answered is not None:
+        queue_ms, batch_ms = _ms(answered.queue), _ms(answered.batch)
+    # Milliseconds to 0.01 by hand: `round(x, n)` costs three times as much.
     return Served(
         time.time() - elapsed, rid, "POST", HOT_PATH,
         principal.tier.label if principal else None, principal.account if principal else None,
-        status, code, int(elapsed * 100_000 + 0.5) / 100,
-        int(answered.queue * 10_000 + 0.5) / 10 if answered else None,
-        int(answered.batch * 10_000 + 0.5) / 10 if answered else None,
+        status, code, int(elapsed * 100_000 + 0.5) / 100, queue_ms, batch_ms,
         answered.batch_ids if answered else None, answered.attempts if answered else None,
         replayed, model)
+
+
+def _ms(seconds: float) -> float:
+    """Milliseconds to 0.1."""
+    return int(seconds * 10_000 + 0.5) / 10
 
 
 def with_access_log(app: ASGIApp, log: AccessLog, keys: Callable[[], KeyRing]) -> ASGIApp:

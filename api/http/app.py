@@ -54,6 +54,9 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
                             Exception: _internal_error},
         lifespan=lifespan,
     )
+    # A path with a slash too many is a 404 like any other: Starlette's redirect would be
+    # no JSON, and its Location is built from the request's own Host header.
+    app.router.redirect_slashes = False
     logged: ASGIApp = app
     if routes.access_log is not None:  # the hot route hands its own records
         logged = with_access_log(app, routes.access_log, lambda: routes.keys)

@@ -32,8 +32,8 @@ from api.config import Principal
 from api.errors import error_response, to_api_error
 from api.http.access_log import AccessLog, hot
 from api.http.collation import ClientWatch, Collation
-from api.http.fastpath import JsonAnswer, header_map
-from api.http.jobs import Answered, Job, Outcome
+from api.http.fastpath import header_map
+from api.http.jobs import Job, Outcome
 from api.http.routes import Routes, render
 from batcher import Item
 
@@ -152,10 +152,8 @@ class DirectRoute:
                 if self.access_log is not None:
                     self.access_log.put(hot(job.principal, elapsed, code="client_closed"))
                 return
-            if isinstance(outcome, Answered):
-                waits, model = outcome.waits, outcome.model
-            else:
-                waits, model = (), job.model or ""
+            waits = outcome.waits  # none unless the core ran it for this request
+            model = outcome.model if waits else job.model or ""
             response, rid = render(outcome, job.single)
             elapsed = self._write(call, response, tier, waits, model)
             if self.access_log is not None:
@@ -189,7 +187,7 @@ class DirectRoute:
             content += (name, b": ", value, b"\r\n")
         for name, value in response.raw_headers:
             content += (name, b": ", value, b"\r\n")
-        if not isinstance(response, JsonAnswer):  # errors: the total only
+        if not waits:  # errors and replays: the total only
             content.append(b"server-timing: total;dur=%.1f\r\n" % (elapsed * 1000))
         if not call.keep_alive:
             content.append(b"connection: close\r\n")

@@ -48,11 +48,17 @@ class Answered(NamedTuple):
 
 
 class Rendered(NamedTuple):
-    """A finished HTTP answer: a refusal, an error, or an idempotent (stored) answer."""
+    """A finished HTTP answer: a refusal, an error, or an idempotent (stored) answer. A
+    keyed request's own run is rendered by the door (its answer is kept as it is sent), and
+    carries what an `Answered` says of the run, for its metrics and Server-Timing; any
+    other has no `waits`."""
 
     status: int
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    waits: tuple[float, ...] = ()  # seconds each item waited in its queue (this run's)
+    batch: float = 0.0  # seconds from the first item's dispatch to the answer
+    model: str = ""  # the version that ran it
 
 
 Outcome = Answered | Rendered

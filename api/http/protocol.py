@@ -17,7 +17,8 @@ Each connection here is held to:
 - well-formed HTTP/1.1: what the parser rejects (a repeated Content-Length, one beside
   Transfer-Encoding, a bad chunk size, a NUL in a header), and a transfer coding other than
   plain `chunked` (`gzip, chunked` would hand the handler compressed bytes), are answered
-  400 `invalid_request`;
+  400 `invalid_request`; an HTTP/1.1 request without exactly one Host, 400 `invalid_host`;
+  a repeated Authorization, Idempotency-Key or X-Request-Timeout-Ms, 400 `repeated_header`;
 - answers the client leaves unread: while an answer waits in the process for the client to
   take it, the connection is not read; once it has waited `body_timeout`, the connection is
   aborted (`api.http.backpressure`).
@@ -43,7 +44,7 @@ from typing import Any, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from api.config import Settings
-from api.errors import ERRORS, error_body
+from api.errors import ERRORS, ApiError, error_body
 from api.http.backpressure import Backpressure
 from api.http.collation import CONNECTION
 from api.http.connections import Connections, LocalConnections
@@ -207,12 +208,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refuse("invalid_request",
                          "Transfer-Encoding may only be chunked: no other coding is decoded")
             raise _Refused
+        http11 = self.parser.get_http_version() == "1.1"
+        fault = _ambiguous(self.headers, http11)
+        if fault is not None:
+            self._refuse(fault.code, fault.message)
+            raise _Refused
         self._in_head, self._head_bytes = False, 0
         direct = self.DIRECT
         if direct is not None and self.url == HOT_URL \
                 and (self.cycle is None or self.cycle.response_complete) \
-                and self.parser.get_method() == b"POST" \
-                and self.parser.get_http_version() == "1.1":
+                and self.parser.get_method() == b"POST" and http11:
             # Not pipelined behind an unanswered request: that one may take ASGI's way,
             # and uvicorn queues what comes after it.
             call = direct.call(self, self.headers, self.parser.should_keep_alive())
@@ -310,6 +315,28 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._timer = self.loop.call_later(LINGER_S, transport.close)
         else:
             transport.close()
+
+
+ONCE = (b"authorization", b"idempotency-key", b"x-request-timeout-ms")
+"""Headers the server reads that a request may send once: of two, the direct way's header
+map kept the last and Starlette's the first, so which key a request ran under was a guess."""
+
+
+def _ambiguous(headers: list[tuple[bytes, bytes]], http11: bool) -> ApiError | None:
+    """The refusal of a head the parser took but whose meaning is a guess: an HTTP/1.1
+    request with no Host or several (RFC 9112 3.2), or a header of `ONCE` sent twice."""
+    names = {name for name, _ in headers}
+    if len(names) == len(headers) and (b"host" in names or not http11):
+        return None  # the usual head: no name twice, and a Host where one is due
+    listed = [name for name, _ in headers]
+    hosts = listed.count(b"host")
+    if hosts > 1 or (hosts == 0 and http11):
+        return ApiError("invalid_host", "an HTTP/1.1 request carries exactly one Host header")
+    for name in ONCE:
+        if listed.count(name) > 1:
+            return ApiError("repeated_header",
+                            f"the {name.decode()} header may be sent only once")
+    return None
 
 
 def _plain_chunked(headers: list[tuple[bytes, bytes]]) -> bool:

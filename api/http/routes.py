@@ -10,7 +10,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -84,14 +84,14 @@ class Routes:
             job = await self._job(request, principal)
             model = job.model or ""
             outcome = await self.core.run(job, request)
-            if isinstance(outcome, Answered):
+            if outcome.waits:  # the core ran it for this request, keyed or not
                 waits, model = outcome.waits, outcome.model
             response, rid = render(outcome, job.single)
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
             response, code = error_response(err.code, err.message, err.headers), err.code
         elapsed = time.perf_counter() - started
-        if not isinstance(response, JsonAnswer):  # errors and replays: the total only
+        if not waits:  # errors and replays: the total only
             response.headers["Server-Timing"] = f"total;dur={elapsed * 1000:.1f}"
         self.record_later(tier, response.status_code, elapsed, waits, model)
         if self.access_log is not None:
@@ -107,7 +107,7 @@ class Routes:
 
     async def _job(self, request: HttpCall, principal: Principal) -> Job:
         key = self.check_head(principal, request.headers)
-        body = await _read_body(request, self.limits.max_body_bytes)
+        body = await _read_body(request.headers, request.stream(), self.limits.max_body_bytes)
         return self.job_of(principal, request.headers, body, key)
 
     def check_head(self, principal: Principal, headers: Mapping[str, str]) -> str | None:
@@ -180,9 +180,13 @@ class Routes:
         if not self.keys.is_admin(request.headers.get("authorization")):
             return error_response("unauthorized", "an admin key is required")
         params = request.path_params
-        body = await request.body() if request.method == "PUT" else b""
-        if len(body) > self.limits.max_body_bytes:
-            return error_response("body_too_large", "the body is too large")
+        body = b""
+        if request.method == "PUT":  # its size checked as it arrives, never read whole first
+            try:
+                body = await _read_body(request.headers, request.stream(),
+                                        self.limits.max_body_bytes)
+            except ApiError as err:
+                return error_response(err.code, err.message)
         status, value = await self.core.status(StatusCall.MODELS, request.method,
                                                params.get("name"), params.get("version"), body)
         return Response(orjson.dumps(value), status_code=status, media_type=JSON)
@@ -190,22 +194,35 @@ class Routes:
 
 def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
     """The answer to `outcome`, and the id it gives an answer the core ran (the access log
-    writes it); a rendered outcome's body is the door's, as it is."""
+    writes it); a rendered outcome's body is the door's, as it is. Whatever ran for this
+    request (an `Answered`, or a keyed request's own run) says its timings."""
     if isinstance(outcome, Answered):
-        timing = f"queue;dur={outcome.queue * 1000:.1f}, batch;dur={outcome.batch * 1000:.1f}"
         rid = answer_id()
-        return JsonAnswer(answer_body(outcome.outputs, single, rid, outcome.model), timing), rid
+        return JsonAnswer(answer_body(outcome.outputs, single, rid, outcome.model),
+                          server_timing(outcome.queue, outcome.batch)), rid
+    headers = dict(outcome.headers)
+    if outcome.waits:
+        headers["Server-Timing"] = server_timing(max(outcome.waits), outcome.batch)
     return Response(outcome.body, status_code=outcome.status, media_type=JSON,
-                    headers=dict(outcome.headers)), None
+                    headers=headers), None
 
 
-async def _read_body(request: HttpCall, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+def server_timing(queue: float, batch: float) -> str:
+    """The Server-Timing of an answer the core ran: the slowest item's wait in its queue,
+    and its batch (seconds in, milliseconds out)."""
+    return f"queue;dur={queue * 1000:.1f}, batch;dur={batch * 1000:.1f}"
+
+
+async def _read_body(headers: Mapping[str, str], stream: AsyncIterator[bytes], limit: int
+                     ) -> bytes:
+    """The body of `stream`; 413 `body_too_large` as soon as it is known to be over `limit`
+    (by its Content-Length, before anything is read; else once the chunks pass it)."""
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError("body_too_large", f"the body is limited to {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in stream:
         size += len(chunk)
         if size > limit:
             raise ApiError("body_too_large", f"the body is limited to {limit} bytes")

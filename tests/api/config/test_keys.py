@@ -6,6 +6,7 @@ import pytest
 
 from api.cli import main
 from api.config import KeyRing, hash_key, load_keys
+from api.door.shared_limits import bucket_names
 from api.errors import KeysFileError, Unauthorized
 from batcher import Tier
 
@@ -96,3 +97,22 @@ def test_keys_hash_reads_the_key_on_stdin(monkeypatch: pytest.MonkeyPatch,
     assert main(["keys", "hash"]) == 0
     assert capsys.readouterr().out.strip() == hash_key("the-real-key")
     assert hash_key("the-real-key") == "sha256:" + hashlib.sha256(b"the-real-key").hexdigest()
+
+
+def test_a_key_without_an_account_is_accounted_by_its_hash_never_by_itself(
+        tmp_path: Path) -> None:
+    plain, hashed = tmp_path / "plain.toml", tmp_path / "hashed.toml"
+    plain.write_text('[[keys]]\nkey = "the-real-key"\ntier = "paid"\n')
+    hashed.write_text(f'[[keys]]\nkey = "{hash_key("the-real-key")}"\ntier = "paid"\n')
+    account = load_keys(plain).identify("Bearer the-real-key").account
+    assert account == "key-" + hashlib.sha256(b"the-real-key").hexdigest()[:16]
+    # The same from the file holding it hashed, and in every process that reads the file.
+    assert load_keys(hashed).identify("Bearer the-real-key").account == account
+    assert load_keys(plain).identify("Bearer the-real-key").account == account
+
+
+def test_the_shared_limits_name_an_account_less_key_by_hashes_alone(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nkey = "the-real-key"\ntier = "paid"\n')
+    names = bucket_names(load_keys(keys).identify("Bearer the-real-key"))
+    assert not any("the-real-key" in name for name in names)

@@ -25,7 +25,7 @@ from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
 from batcher import BatchgateError, DeadlineExceeded, MonotonicClock, OverBudget, Tier
 from failover import ModelError, ShuttingDown, WorkerCrashed
-from tests.api.door.fakes import REPLAYED, ROOMY, Client, QueueCore, keyed
+from tests.api.door.fakes import ONE_VERSION, REPLAYED, ROOMY, Client, QueueCore, keyed
 
 pytestmark = pytest.mark.anyio
 
@@ -328,3 +328,20 @@ async def test_a_refusal_timeout_or_failure_is_not_kept_and_the_next_request_run
 ])
 def test_only_what_running_the_request_decided_is_kept(status: int, kept: bool) -> None:
     assert is_kept(status) is kept
+
+
+# -- what ran is said with the answer -----------------------------------------------------------
+async def test_a_leaders_own_run_carries_its_version_and_waits_and_a_replay_carries_none(
+) -> None:
+    core = QueueCore()
+    door = door_over(core)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            leader = start(tg, door, keyed())
+            await anyio.wait_all_tasks_blocked()
+            core.answer()
+        later = await door.run(keyed())
+    (answer,) = leader
+    assert answer.model == ONE_VERSION == orjson.loads(answer.body)["model"]
+    assert len(answer.waits) == 1 and answer.batch >= 0
+    assert isinstance(later, Rendered) and (later.waits, later.model) == ((), "")

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import orjson
 import pytest
@@ -49,6 +50,7 @@ class FakeCore:
         self.outcome = outcome or Answered(["olleh"], (0.002,), 0.1)
         self.error: Exception | None = None
         self.jobs: list[Job] = []
+        self.changes: list[bytes] = []  # the admin API's bodies, as the core got them
         self.is_ready = ready
 
     async def run(self, job: Job, client: ClientWatch) -> Outcome:
@@ -71,6 +73,11 @@ class FakeCore:
 
     async def cell(self) -> dict[str, Any]:
         return {"gateways": [{"slot": 0}], "core": {"pid": 7}}
+
+    async def models(self, method: str, name: str | None, version: str | None, body: bytes
+                     ) -> tuple[int, Any]:
+        self.changes.append(body)
+        return 200, {"models": []}
 
     async def status(self, call: StatusCall, *args: Any) -> Any:
         return await getattr(self, call.value)(*args)
@@ -190,6 +197,23 @@ async def test_a_stored_answer_keeps_its_headers() -> None:
     assert r.headers["idempotent-replayed"] == "true"
 
 
+async def test_a_keyed_run_the_door_rendered_is_timed_and_counted_by_its_version() -> None:
+    kept = Rendered(200, b'{"id":"x","output":"a","model":"topics@v2"}', (), (0.002,), 0.1,
+                    "topics@v2")
+    core = FakeCore(kept)
+    routes = routes_over(core)
+    app = http_app(routes, no_lifespan)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://gateway") as client:
+        r = await client.post("/v1/batchstring", json={"input": "a"},
+                              headers={"Authorization": "Bearer paid-demo-key",
+                                       "Idempotency-Key": "k"})
+        await anyio.wait_all_tasks_blocked()  # counted in the loop turn after the answer
+    assert r.headers["server-timing"] == "queue;dur=2.0, batch;dur=100.0"
+    assert ('batchgate_requests_total{code="200",model="topics",tier="paid",version="v2"} 1.0'
+            in routes.metrics.render().decode().splitlines())
+
+
 async def test_an_error_the_core_raises_is_translated_never_a_traceback() -> None:
     core = FakeCore()
     core.error = RuntimeError("a bug with a secret in it")
@@ -216,6 +240,45 @@ async def test_a_refused_head_or_body_never_reaches_the_core() -> None:
         broken = await client.post("/v1/batchstring", content=b"{not json")
     assert (form.status_code, broken.status_code) == (415, 400)
     assert core.jobs == []
+
+
+async def test_a_path_with_a_slash_too_many_is_a_json_404_never_a_redirect() -> None:
+    async with client_of(FakeCore()) as client:
+        r = await client.post("/v1/batchstring/", json={"input": "a"},
+                              headers={"Host": "evil.example"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert "location" not in r.headers
+
+
+# -- the admin API's body -----------------------------------------------------------------------
+ADMIN = {"Authorization": "Bearer admin-demo-key"}
+LIMIT = Settings(model="sim").max_body_bytes
+
+
+async def test_an_admin_body_declared_over_the_limit_is_refused_unread() -> None:
+    core = FakeCore()
+    async with client_of(core) as client:
+        r = await client.put("/admin/models/m", content=b"{}",
+                             headers={**ADMIN, "Content-Length": str(LIMIT + 1)})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert core.changes == []
+
+
+async def test_a_chunked_admin_body_is_cut_off_at_the_limit() -> None:
+    core, sent = FakeCore(), []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(LIMIT // 1024 * 4):  # four times the limit, if it were all read
+            sent.append(1024)
+            yield b" " * 1024
+
+    async with client_of(core) as client:
+        r = await client.put("/admin/models/m", content=chunks(), headers=ADMIN)
+        within = await client.put("/admin/models/m", content=b'{"default": "v2"}',
+                                  headers=ADMIN)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    assert sum(sent) <= LIMIT + 1024 and core.changes == [b'{"default": "v2"}']
+    assert within.status_code == 200
 
 
 # -- the status endpoints -----------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """What the door reads strictly: a request uvicorn's parser rejects is a JSON 400 like every
-other error, a transfer coding other than plain `chunked` is refused, and the timeout and
+other error, a transfer coding other than plain `chunked` is refused, an HTTP/1.1 request
+names exactly one Host and each header the server reads at most once, and the timeout and
 Idempotency-Key headers take only the characters README names."""
 
 from __future__ import annotations
@@ -79,6 +80,44 @@ async def test_plain_chunked_is_served(coding: bytes) -> None:
     request_ = HEAD + b"Transfer-Encoding: " + coding + b"\r\nConnection: close\r\n\r\n" \
         b"2\r\n{}\r\n0\r\n\r\n"
     status, _, body = await exchange(request_)
+    assert (status, body) == (200, b"echo:{}")
+
+
+# -- a head whose meaning would be a guess ------------------------------------------------------
+BODY = b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("request_", [
+    b"POST /v1/batchstring HTTP/1.1\r\n" + BODY,
+    b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    HEAD + b"Host: u\r\n" + BODY,
+], ids=["no-host-hot-route", "no-host-other-path", "two-hosts"])
+async def test_an_http11_request_without_exactly_one_host_is_a_json_400(request_: bytes
+                                                                        ) -> None:
+    status, headers, body = await exchange(request_)
+    assert (status, headers["content-type"]) == (400, "application/json")
+    assert json.loads(body)["error"]["code"] == "invalid_host"
+
+
+@pytest.mark.anyio
+async def test_an_http10_request_needs_no_host() -> None:
+    status, _, body = await exchange(b"POST /v1/batchstring HTTP/1.0\r\n" + BODY)
+    assert (status, body) == (200, b"echo:{}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("header", [b"Authorization: Bearer a", b"Idempotency-Key: k",
+                                    b"X-Request-Timeout-Ms: 50"])
+async def test_a_header_the_server_reads_sent_twice_is_a_json_400(header: bytes) -> None:
+    status, headers, body = await exchange(HEAD + header + b"\r\n" + header + b"x\r\n" + BODY)
+    assert (status, headers["content-type"]) == (400, "application/json")
+    assert json.loads(body)["error"]["code"] == "repeated_header"
+
+
+@pytest.mark.anyio
+async def test_other_headers_may_repeat() -> None:
+    status, _, body = await exchange(HEAD + b"Accept: a\r\nAccept: b\r\n" + BODY)
     assert (status, body) == (200, b"echo:{}")
 
 
