@@ -1,7 +1,9 @@
 """`batchgate serve` and `batchgate plan`. The serve flags come from the settings
 (`api.config`), each also read from `BATCHGATE_<NAME>`.
 
-A bad value is one line on stderr and exit status 2, never a traceback.
+A bad value is one line on stderr and exit status 2, never a traceback; so is a port that
+another process holds, found before any model loads. A signal at any moment of the start
+stops it at once with one line (status 128 + the signal's number).
 
 Each command loads its room when it runs, not when this module is imported: a cell's
 gateways are spawned processes, and multiprocessing's spawn imports the main module (this
@@ -16,10 +18,13 @@ import importlib.util
 import json
 import logging
 import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from api.config import (
@@ -103,17 +108,51 @@ def refuse_public_demo_keys(settings: Settings) -> None:
 
 def warn_open_keys_file(settings: Settings) -> None:
     """A keys file that group or others may read or write gives its keys away: say so at
-    start-up, naming the file and its mode, as ssh does of a private key."""
+    start-up, naming the file and its mode, as ssh does of a private key. Not of a file
+    that holds the public demo keys alone on loopback (README prints them, and its own
+    command serves them so): it has nothing to give away."""
     if settings.keys is None:
         return
     try:
         mode = stat.S_IMODE(settings.keys.stat().st_mode)
     except OSError:
         return  # loading it says why
-    if mode & 0o077:
+    demo = settings.host in LOOPBACK and demo_keys_only(settings.keys)
+    if mode & 0o077 and not demo:
         logging.getLogger("batchgate").warning(
             "keys file %s has mode %04o: open to group or others; chmod 600 it",
             settings.keys, mode)
+
+
+def demo_keys_only(path: Path) -> bool:
+    """Whether the keys file at `path` holds keys, and only the public demo keys."""
+    try:
+        ring = load_keys(path)
+    except ValueError:
+        return False  # loading it again says why
+    held = ring.keys.keys() | ring.admin_keys
+    return bool(held) and held <= DEMO_ENTRIES
+
+
+def check_port(host: str, port: int) -> None:
+    """The port can be listened on, asked before any model loads (uvicorn binds once its
+    lifespan has started, which waits for the workers). ValueError naming what to do."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop "
+                             f"what holds it (ss -ltnp 'sport = :{port}'), or pass another "
+                             "--port") from None
+
+
+def interrupted(sig: int) -> int:
+    """One line for a server stopped by a signal before it served, or by a second one (no
+    traceback); the exit status a shell gives it."""
+    print(f"{PROG}: stopped by {signal.Signals(sig).name}", file=sys.stderr)
+    return 128 + sig
 
 
 def with_ray(settings: Settings, env: Mapping[str, str]) -> Settings:
@@ -209,12 +248,14 @@ def cell_identity(env: Mapping[str, str]) -> CellIdentity | None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from api.door import build, check_core_settings
+    from api.door import build, check_core_settings, check_state
     from api.http import DrainingServer, server_config
 
     settings = settings_from(args)
     check_files(settings)
+    check_port(settings.host, settings.port)
     check_core_settings(settings)
+    check_state(settings)
     identity = cell_identity(os.environ)
     forget_secrets(os.environ)  # read: the processes spawned from here need not see them
     logging.basicConfig(
@@ -228,14 +269,23 @@ def serve(args: argparse.Namespace) -> int:
     if settings.gateways > 1:
         from api.cell import serve_cell
 
-        return serve_cell(settings, None if identity is None else identity.cell)
+        code = serve_cell(settings, None if identity is None else identity.cell)
+        return interrupted(code - 128) if code > 128 else code
     built = build(settings, identity=identity)
     config = server_config(built.app, settings, built.direct)
-    DrainingServer(config, settings.drain_delay_s, built.service.leave).run()
-    return 0
+    server = DrainingServer(config, settings.drain_delay_s, built.service.leave)
+    server.run()
+    return 0 if server.interrupted is None else interrupted(server.interrupted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the server handles signals, or a second one after
+        return interrupted(signal.SIGINT)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         handed = handed_secrets(os.environ)
     except ValueError as exc:

@@ -46,6 +46,12 @@ class Channel:
         if not waiting:
             self._write()
 
+    def offer(self, message: object) -> None:
+        """Send `message` only if nothing sent before it still waits: what a child that
+        stopped reading would never take (a beat) piles up nowhere."""
+        if not self._unsent:
+            self.send(message)
+
     def drain(self) -> None:
         """The child is gone: read what it wrote and was not read yet, now."""
         while self._open and self._read():

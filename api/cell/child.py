@@ -101,6 +101,12 @@ class Child:
         if self._channel is not None:
             self._channel.send(message)
 
+    def beat(self) -> None:
+        """Tell the current process its supervisor is there (`Order.BEAT`); dropped while
+        it has not read what came before."""
+        if self._channel is not None:
+            self._channel.offer(Order.BEAT)
+
     def leave(self) -> None:
         """Tell the child it is leaving, and every later process once it is up."""
         self._leaving = True

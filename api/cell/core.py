@@ -6,7 +6,9 @@ which gives it the cell's id and its `Lifeline` (its incarnation, and its channe
 supervisor) and tells it what to do over that channel: LEAVE turns /readyz 503 on every
 gateway while they go on serving, STOP (once the gateways have stopped) finishes what is
 queued and running and ends the process, RELOAD re-reads the models file; `CellStatus` is
-what it shows of the cell's processes (`/admin/workers`). SIGTERM, SIGINT and SIGHUP, which
+what it shows of the cell's processes (`/admin/workers`) and of the files it refused
+(`/admin/models`); a supervisor silent past its beats makes it say it is not ready
+(`/readyz`: nobody would restart it if it died). SIGTERM, SIGINT and SIGHUP, which
 come to it with the whole process group, are the supervisor's alone. It reports UP once its
 workers are ready and its link listens: a gateway that connects from then on is served.
 """
@@ -25,8 +27,8 @@ import anyio
 from api.cell.link import LinkServer
 from api.config import Settings, load_keys
 from api.door import build_door, supervised
-from api.gateway import CellStatus, Lifeline, Order, Report, name_process
-from api.http import settle_and_time
+from api.gateway import CellStatus, ChildEnd, Lifeline, Order, Report, name_process
+from api.http import StatusCall, settle_and_time
 from api.metrics import Metrics
 from gpu_pool import CellIdentity
 
@@ -66,9 +68,18 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
     metrics = Metrics(multiprocess=True)
     keys = load_keys(settings.keys, settings.admin_key)
     cell = CellStatus()  # the supervisor's last word on the cell's processes
-    service, door, view, models = build_door(settings, keys, metrics, cell=lambda: cell.shown(),
-                                             identity=identity)
-    server = LinkServer(door, service.clock, view.table)
+    service, door, view, models = build_door(
+        settings, keys, metrics, identity=identity,
+        cell=lambda: {**cell.shown(), "refused": list(cell.refused)})  # refused: /admin/models
+    supervisor: ChildEnd | None = None  # its end of the lifeline, once listened to
+
+    async def ready() -> dict[str, object]:  # not ready while nobody would restart the core
+        body = await view.ready()
+        if supervisor is not None and supervisor.silent():
+            body = {**body, "ready": False, "supervisor": "silent"}
+        return body
+
+    server = LinkServer(door, service.clock, {**view.table, StatusCall.READY: ready})
     leave, drain = asyncio.Event(), asyncio.Event()
 
     def heard(message: Order | CellStatus) -> None:

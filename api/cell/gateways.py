@@ -1,12 +1,13 @@
-"""A cell's gateway processes: each a `Child` spawned on the shared listening socket, up
-once spawned, restarted with the pool's backoff when it dies, stopped on the way out."""
+"""A cell's gateway processes: each a `Child` spawned on its own listening socket of the
+cell's port (the kernel spreads connections over them), up once spawned, restarted with
+the pool's backoff when it dies, stopped on the way out."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +30,22 @@ GatewayTarget = Callable[..., None]
 class Gateways:
     """The gateway processes, and the count of connections they share."""
 
-    def __init__(self, settings: Settings, link: str, sock: socket.socket,
+    def __init__(self, settings: Settings, link: str, socks: Sequence[socket.socket],
                  backoff: Backoff | None = None, target: GatewayTarget = gateway_main,
                  changed: Callable[[], None] | None = None,
                  metrics: Path | None = None) -> None:
         """`target` is what each process runs (a test's own, importable under spawn);
         `changed` is called when a gateway starts, dies or stops; `metrics`: the cell's
-        metrics folder."""
-        self._link, self._sock = link, sock
+        metrics folder. `socks`: one listening socket per gateway, kept for its restarts
+        (connections the kernel queued on it meanwhile wait for the next process)."""
+        assert len(socks) == settings.gateways, "one listening socket per gateway"
+        self._link, self._socks = link, list(socks)
         keeping = Keeping(backoff or Backoff(), STOP_GRACE_S)  # the worker pool's backoff
         self.children = [
             Child(f"batchgate-gateway-{slot}", target, (settings, link, sock, slot), keeping,
                   changed=changed, exited=functools.partial(self._exited, slot),
                   metrics=metrics)
-            for slot in range(settings.gateways)]
+            for slot, sock in enumerate(self._socks)]
         self._stopping = False
         self._tally: ConnectionTally | None = None
 
@@ -69,11 +72,12 @@ class Gateways:
     async def stop(self) -> None:
         """Ask every gateway to stop (uvicorn finishes what it holds), wait, kill stragglers.
 
-        No gateway starts again, so this process's copy of the listening socket closes
+        No gateway starts again, so this process's copies of the listening sockets close
         first: once the gateways close theirs the port refuses new connections, where it
         would have queued them for nobody and reset them all when this process exits."""
         self._stopping = True
-        self._sock.close()
+        for sock in self._socks:
+            sock.close()
         async with anyio.create_task_group() as tg:
             for child in self.children:
                 tg.start_soon(child.stop)

@@ -1,4 +1,4 @@
-"""What a cell keeps on disk and shares among its processes: the listening socket, every
+"""What a cell keeps on disk and shares among its processes: the listening sockets, every
 process's metric files (and a dead one's folded into the retired totals), and the scratch
 folder (link socket, metric files, the supervisor's status) that a killed cell leaves
 behind."""
@@ -16,15 +16,31 @@ from prometheus_client.multiprocess import mark_process_dead
 from api.metrics import files_locked
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket every gateway shares."""
+def bind(host: str, port: int, count: int = 1) -> list[socket.socket]:
+    """`count` listening sockets on one port, one per gateway (`SO_REUSEPORT`): the kernel
+    spreads new connections over them, where K gateways accepting from one shared socket
+    leave every connection to whichever wakes first. A port another server holds is refused
+    (OSError), even one that listens with `SO_REUSEPORT` itself: a plain bind goes first."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    sock.set_inheritable(True)
-    return sock
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+        port = probe.getsockname()[1]  # port 0: the kernel's pick, for every socket
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            sock.listen(4096)
+            sock.set_inheritable(True)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def multiprocess_metrics(folder: Path) -> None:

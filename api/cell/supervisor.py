@@ -8,22 +8,28 @@ clients ---> +-- gateway 2                                +==link==> core proces
  (one port)  +-- gateway K                                +          core owner, pool
 ```
 
-The supervisor binds the listening socket and hands it to K spawned gateways (as uvicorn's
-own multiprocess supervisor does); each gateway runs uvicorn on it and sends its jobs over
-its link to the core process (`api.cell.core`), which keeps priority, batching, admission,
-rate limits and idempotency global. The supervisor only supervises: a gateway that dies is
-restarted (its queued items were withdrawn when its link closed), and so is the core. While
-the core is gone the gateways hold their clients and jobs, and send the jobs again to the
-next core (`api.gateway.RemoteCore`); the dead core's workers that still run (a hung batch)
-are ended here, the supervisor being the subreaper of its descendants. The core's restarts
-are counted in `/admin/workers`, and each core process is given the cell's id and its own
-incarnation as arguments (its `Lifeline`), which the shared state and the Ray pool use to
-tell a dead predecessor's claims and actors from another cell's.
+The supervisor binds the port, one listening socket per gateway (`SO_REUSEPORT`: the kernel
+spreads the connections), and hands each to its spawned gateway; each gateway runs uvicorn
+on it and sends its jobs over its link to the core process (`api.cell.core`), which keeps
+priority, batching, admission, rate limits and idempotency global. The supervisor only
+supervises: a gateway that dies is restarted (its queued items were withdrawn when its link
+closed), and so is the core. While the core is gone the gateways hold their clients and
+jobs, and send the jobs again to the next core (`api.gateway.RemoteCore`); the dead core's
+workers that still run (a hung batch) are ended here, the supervisor being the subreaper of
+its descendants. The core's restarts are counted in `/admin/workers`, and each core process
+is given the cell's id and its own incarnation as arguments (its `Lifeline`), which the
+shared state and the Ray pool use to tell a dead predecessor's claims and actors from
+another cell's.
 
 The core and every gateway are each a `Child` (`api.cell.child`): spawned with a lifeline,
 watched, restarted with backoff, stopped with a grace then a kill. The supervisor speaks to
-each over its lifeline's channel alone: LEAVE, STOP and RELOAD, and to the core the cell's
-processes as they change (`CellStatus`, which `/admin/workers` shows).
+each over its lifeline's channel alone: LEAVE, STOP and RELOAD, a BEAT every `BEAT_S` (a
+child that hears none for a while says /readyz 503: nobody would restart what dies), and to
+the core the cell's processes as they change (`CellStatus`, which `/admin/workers` shows).
+
+The models and keys files are read here alone, at start and on SIGHUP (`api.cell.accepted`):
+the children read the copies last accepted, so a file broken on disk is refused once, here,
+and a core or gateway that dies meanwhile starts again from the copy.
 
 SIGTERM first turns /readyz 503 on every gateway while they go on serving for
 `--drain-delay-s` (a second signal cuts it short), then stops the gateways (uvicorn finishes
@@ -59,12 +65,13 @@ from pathlib import Path
 
 import anyio
 
+from api.cell.accepted import ACCEPTED, Accepted
 from api.cell.child import Child, Keeping
 from api.cell.core import CoreTarget, core_main, uvloop_runner
 from api.cell.gateways import Gateways
 from api.cell.scratch import SCRATCH_PREFIX, bind, multiprocess_metrics, sweep_scratch
 from api.config import Settings
-from api.gateway import CellStatus, Order, prctl
+from api.gateway import BEAT_S, CellStatus, Order, prctl
 from batcher.shared import Backoff
 
 log = logging.getLogger("batchgate.cell")
@@ -88,8 +95,11 @@ def serve_cell(settings: Settings, cell: str | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=root))
     try:
         multiprocess_metrics(scratch / "metrics")
-        sock = bind(settings.host, settings.port)
-        code: int = uvloop_runner()(_supervise(settings, cell or secrets.token_hex(8), sock,
+        accepted = Accepted(settings, scratch / ACCEPTED)
+        if not accepted.read():
+            return 2  # said why; the edge checked the files a moment ago
+        socks = bind(settings.host, settings.port, settings.gateways)
+        code: int = uvloop_runner()(_supervise(accepted, cell or secrets.token_hex(8), socks,
                                                scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -140,31 +150,51 @@ def _parent(proc: Path) -> int:
     return int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parens
 
 
-async def _supervise(settings: Settings, cell: str, sock: socket.socket, scratch: Path) -> int:
+async def _supervise(accepted: Accepted, cell: str, socks: list[socket.socket],
+                     scratch: Path) -> int:
     become_subreaper()
     link, metrics = str(scratch / "link.sock"), scratch / "metrics"
+    settings = accepted.settings()  # the children read the kept copies of the files
 
     def changed() -> None:  # the core shows the cell's processes on /admin/workers
-        core.tell(CellStatus(core.info(), tuple(gateways.info())))
+        core.tell(CellStatus(core.info(), tuple(gateways.info()),
+                             tuple(r.shown() for r in accepted.refused)))
 
     core = core_process(settings, link, cell, changed, metrics=metrics)
-    gateways = Gateways(settings, link, sock, changed=changed, metrics=metrics)
+    gateways = Gateways(settings, link, socks, changed=changed, metrics=metrics)
     stop, hurry = asyncio.Event(), asyncio.Event()  # the first signal, and a second one
+    signals: list[int] = []
 
-    def signalled() -> None:
+    def signalled(sig: int) -> None:
+        signals.append(sig)
         (hurry if stop.is_set() else stop).set()
 
     def reload() -> None:  # the gateways re-read the keys, the core the models
+        accepted.read()
+        changed()  # /admin/models shows what is refused
         gateways.reload_keys()
         if core.up:
             core.tell(Order.RELOAD)
 
+    beating: asyncio.TimerHandle | None = None
+
+    def beat() -> None:  # the children hear that a supervisor keeps them
+        nonlocal beating
+        core.beat()
+        for child in gateways.children:
+            child.beat()
+        beating = loop.call_later(BEAT_S, beat)
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, signalled)
+        loop.add_signal_handler(sig, signalled, sig)
     loop.add_signal_handler(signal.SIGHUP, reload)
+    beat()
     try:
-        if not await core.start():
+        if not await _started(core, stop):
+            if signals:  # while the core loads: it holds nothing yet, and is stopped
+                log.info("stopped before serving")
+                return 128 + signals[0]
             log.critical("the core process exited before it was ready")
             return 1
         await gateways.start()
@@ -179,9 +209,25 @@ async def _supervise(settings: Settings, cell: str, sock: socket.socket, scratch
         await gateways.stop()
         await core.stop()
     finally:
-        sock.close()
+        if beating is not None:
+            beating.cancel()
+        for sock in socks:
+            sock.close()
     log.info("stopped")
     return 0
+
+
+async def _started(core: Child, stop: asyncio.Event) -> bool:
+    """Whether the core came up; a signal (`stop`) first stops it at once, not after
+    its models have loaded."""
+    starting, stopping = asyncio.ensure_future(core.start()), asyncio.ensure_future(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        return starting.result()
+    starting.cancel()
+    await core.stop()
+    return False
 
 
 __all__ = ["CORE_KEEPING", "become_subreaper", "core_process", "end_orphans", "serve_cell"]

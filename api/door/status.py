@@ -27,6 +27,8 @@ class Running(Protocol):
 
     def ready(self) -> bool: ...
 
+    def state_failing(self) -> str | None: ...
+
     def workers(self) -> list[WorkerInfo]: ...
 
     def capacity(self) -> CapacityGauges | None: ...
@@ -45,13 +47,17 @@ class StatusView:
         }
 
     async def ready(self) -> dict[str, object]:
-        """Ready while the first model's serving version holds a worker; each version's
-        state beside it."""
+        """Ready while some model can serve (`Service.ready`); each version's state beside
+        it, and why the `--state` store fails if it does (keyed requests are refused then,
+        the rest are served: still ready)."""
         service = self._service
         body: dict[str, object] = {"ready": service.ready(), "workers_ready": self._ready_count(),
                                    "draining": service.draining or service.leaving}
         if self._models is not None:
             body["models"] = self._models.states()
+        failing = service.state_failing()
+        if failing is not None:
+            body["state"] = f"failing: {failing}"
         return body
 
     async def models(self, method: str, name: str | None, version: str | None,

@@ -18,6 +18,8 @@ from api.gateway.frames import (
     run_message,
 )
 from api.gateway.lifeline import (
+    BEAT_S,
+    SILENT_S,
     CellStatus,
     ChildEnd,
     Lifeline,
@@ -41,10 +43,12 @@ from api.gateway.remote import (
 
 __all__ = [
     "BACKSTOP_MARGIN_S",
+    "BEAT_S",
     "CALL_TIMEOUT_S",
     "GATEWAY_BUSY_RATE",
     "GATEWAY_FRAME_SPACING_S",
     "HOST_CLOCK",
+    "SILENT_S",
     "CellStatus",
     "ChildEnd",
     "Framed",

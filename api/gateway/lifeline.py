@@ -8,6 +8,11 @@ messages (`batcher.shared.Framed`): the supervisor sends `Order`s and, to the co
 `CellStatus` it shows on `/admin/workers`; the child reports `Report.UP` once it serves.
 Nothing else reaches a child: no signal, no file, no variable set for it.
 
+The supervisor also sends a BEAT every `BEAT_S`. A supervisor that stopped (SIGSTOP, a
+debugger, a host that swaps it out) keeps its end open and says nothing: a child that
+heard nothing for `SILENT_S` is not ready (`ChildEnd.silent`), for a core or gateway that
+died meanwhile would stay dead.
+
 The supervisor holds nothing a client needs, but it is the only one that restarts a dead
 core or gateway and stops them all: a child it leaves behind (the supervisor SIGKILLed, or
 by the OOM killer) would hold the listening port, or the GPUs, for nobody, and a server
@@ -36,6 +41,8 @@ log = logging.getLogger("batchgate.lifeline")
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+BEAT_S = 0.5  # how often the supervisor says it is there
+SILENT_S = 2.0  # a supervisor silent this long is stopped or stuck: /readyz 503
 
 
 class Order(enum.Enum):
@@ -44,6 +51,7 @@ class Order(enum.Enum):
     LEAVE = "leave"  # the core: /readyz 503 on every gateway, which go on serving
     STOP = "stop"  # finish what is held, then exit (the core: once the gateways have stopped)
     RELOAD = "reload"  # re-read the keys file (a gateway) or the models file (the core)
+    BEAT = "beat"  # the supervisor is there (`ChildEnd` takes it; `heard` never sees it)
 
 
 class Report(enum.Enum):
@@ -55,10 +63,12 @@ class Report(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class CellStatus:
     """The supervisor's last word on the cell's processes, sent to the core at each change:
-    what `/admin/workers` shows of them."""
+    what `/admin/workers` shows of them; and the files on disk it refused (`file`,
+    `reason`: the cell serves the copies accepted before them), which `/admin/models` shows."""
 
     core: dict[str, Any] | None = None
     gateways: tuple[dict[str, Any], ...] = ()
+    refused: tuple[dict[str, Any], ...] = ()
 
     def shown(self) -> dict[str, Any]:
         return {"gateways": list(self.gateways), "core": self.core}
@@ -102,13 +112,30 @@ class ChildEnd(Framed):
     def __init__(self, heard: Callable[[Order | CellStatus], None]) -> None:
         super().__init__()
         self._heard = heard
+        self._loop = asyncio.get_running_loop()
+        self._heard_at = self._loop.time()  # listening counts as hearing: it just spawned us
+        self._silent = False
 
     def say(self, report: Report) -> None:
         self.send(report)
 
+    def silent(self) -> bool:
+        """Whether the supervisor said nothing for `SILENT_S` (stopped, or stuck)."""
+        silent = self._loop.time() - self._heard_at > SILENT_S
+        if silent != self._silent:
+            self._silent = silent
+            if silent:
+                log.error("the supervisor has said nothing for %.0f s: not ready, since "
+                          "nobody would restart a process of the cell that died", SILENT_S)
+            else:
+                log.warning("the supervisor is heard again")
+        return silent
+
     def received(self, messages: list[Any]) -> None:
+        self._heard_at = self._loop.time()
         for message in messages:
-            self._heard(message)
+            if message is not Order.BEAT:
+                self._heard(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         closing = self.transport is None or self.transport.is_closing()
@@ -145,5 +172,5 @@ def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
         signal.raise_signal(sig)
 
 
-__all__ = ["CellStatus", "ChildEnd", "Lifeline", "Order", "Report", "die_with_parent",
-           "name_process", "prctl"]
+__all__ = ["BEAT_S", "SILENT_S", "CellStatus", "ChildEnd", "Lifeline", "Order", "Report",
+           "die_with_parent", "name_process", "prctl"]

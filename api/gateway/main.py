@@ -6,7 +6,8 @@ requests take the direct way, as in a single process. It holds no shared state a
 of the core's packages. When the link closes the core process died: the gateway keeps its
 clients and their jobs, says it is not ready, and sends the jobs again to the core the
 supervisor starts in its place. It hears its supervisor over its lifeline
-(`api.gateway.lifeline`: STOP, RELOAD) and ends with it.
+(`api.gateway.lifeline`: STOP, RELOAD, its beats) and ends with it; while the supervisor
+is silent it says it is not ready.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from api.config import Settings, load_keys
-from api.gateway.lifeline import CellStatus, Lifeline, Order, name_process
+from api.gateway.lifeline import CellStatus, ChildEnd, Lifeline, Order, name_process
 from api.gateway.remote import RemoteCore, RemoteRoute
 from api.http import (
     CellConnections,
@@ -59,7 +60,12 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
         log.error("the link to the core closed; holding %d jobs for the next core",
                   len(core.jobs))
 
-    core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc)
+    supervisor: ChildEnd | None = None  # its end of the lifeline, once this loop runs
+
+    def kept() -> bool:  # the supervisor is heard: a dead core would be restarted
+        return supervisor is None or not supervisor.silent()
+
+    core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc, kept=kept)
     routes = Routes(core, settings, keys, metrics, gateway=slot)
 
     def heard(message: Order | CellStatus) -> None:
@@ -70,6 +76,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        nonlocal supervisor
         supervisor = await lifeline.listen(heard)
         unwatch: Callable[[], None] | None = None
         try:

@@ -122,8 +122,11 @@ class RemoteCore:
 
     def __init__(self, path: str, on_lost: Callable[[], None] | None = None, *,
                  reconnect: bool = True, resubmitted: Callable[[int], None] | None = None,
-                 ) -> None:
+                 kept: Callable[[], bool] | None = None) -> None:
+        """`kept`: whether the cell's supervisor is heard (a gateway whose supervisor
+        stopped is not ready: nobody would restart the core if it died)."""
         self._path = path
+        self._kept = kept or (lambda: True)
         self._on_lost = on_lost
         self._reconnect = reconnect
         self._resubmitted = resubmitted
@@ -266,9 +269,12 @@ class RemoteCore:
         if call is not StatusCall.READY:
             return await self._call(call.value, args=args)
         try:
-            return await self._call(call.value, READY_TIMEOUT_S)
+            body = await self._call(call.value, READY_TIMEOUT_S)
         except CoreUnavailable:
-            return {"ready": False, "workers_ready": 0, "draining": True}
+            body = {"ready": False, "workers_ready": 0, "draining": True}
+        if not self._kept():
+            body = {**body, "ready": False, "supervisor": "silent"}
+        return body
 
 
 class RemoteRoute(DirectRoute):

@@ -8,7 +8,7 @@ of the other. Only the front door (`api.door`) uses them; the rate limits cells 
 the Redis layer's connection (`redis_client`): one per process.
 """
 
-from api.kept.backed import BUSY_POLL_S, LEASE_MARGIN_S, BackedStore
+from api.kept.backed import BUSY_POLL_S, CHECK_S, LEASE_MARGIN_S, BackedStore
 from api.kept.errors import IdempotencyMismatch, StateLocked, StateUnavailable
 from api.kept.idempotency import (
     Begin,
@@ -24,10 +24,11 @@ from api.kept.idempotency import (
 from api.kept.opening import open_state, redis_client
 from api.kept.seam import Busy, Claim, Claimed, KeptState, Stored
 from api.kept.spec import Owner, RedisSettings, SqliteSettings
-from api.kept.sqlite import SqliteState
+from api.kept.sqlite import SqliteState, check_state_file
 
 __all__ = [
     "BUSY_POLL_S",
+    "CHECK_S",
     "LEASE_MARGIN_S",
     "BackedStore",
     "Begin",
@@ -51,6 +52,7 @@ __all__ = [
     "StateUnavailable",
     "Stored",
     "StoredResponse",
+    "check_state_file",
     "open_state",
     "redis_client",
 ]

@@ -8,6 +8,10 @@ by an earlier process or another cell, or waits for the one running elsewhere (p
 within the request's deadline). Its answer is then kept there first (`keep`: the first
 stored wins), and only the winner is kept in memory and answered.
 
+While the durable layer fails (a call raised StateUnavailable, or its `check`, asked every
+`CHECK_S` between calls, did), `failing` says why, for /readyz: the log says so once, and
+once more when it answers again.
+
 Writes that a synchronous callback asks for (an answer that lands after its request ended,
 a claim given up) run in this store's own task group (`soon`), which `run` owns and
 `drain` waits for.
@@ -15,12 +19,15 @@ a claim given up) run in this store's own task group (`soon`), which `run` owns 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from api.kept.errors import StateUnavailable
 from api.kept.idempotency import (
     Begin,
     Entry,
@@ -37,6 +44,8 @@ LEASE_MARGIN_S = 5.0
 """A claim outlives its request's deadline by this much: the leader's answer is stored
 after the deadline that bounds its run."""
 BUSY_POLL_S = 0.025  # how often a request whose key runs elsewhere asks again
+CHECK_S = 1.0  # how often the durable layer is checked between calls
+T = TypeVar("T")
 
 
 class BackedStore:
@@ -44,9 +53,10 @@ class BackedStore:
     the request's time. Call it from the loop."""
 
     def __init__(self, memory: MemoryIdempotencyStore, durable: KeptState, clock: Clock,
-                 poll: float = BUSY_POLL_S) -> None:
+                 poll: float = BUSY_POLL_S, check: float = CHECK_S) -> None:
         self.memory, self.durable = memory, durable
-        self._clock, self._poll = clock, poll
+        self._clock, self._poll, self._check = clock, poll, check
+        self.failing: str | None = None  # why the durable layer last failed; None: it answers
         self._tg: TaskGroup | None = None
         self._writing = 0
         self._written: anyio.Event | None = None
@@ -75,7 +85,8 @@ class BackedStore:
         deadline = self._clock.now() + within
         while True:
             left = deadline - self._clock.now()
-            got = await self.durable.claim(scope, key, fingerprint, left + LEASE_MARGIN_S)
+            got = await self._watched(
+                self.durable.claim(scope, key, fingerprint, left + LEASE_MARGIN_S))
             if not isinstance(got, Busy):
                 return got
             if deadline - self._clock.now() <= self._poll:
@@ -86,7 +97,7 @@ class BackedStore:
                    ) -> StoredResponse:
         """The answer kept for the key: `response` if it is the first stored, else the
         first's. Raises IdempotencyMismatch, StateUnavailable."""
-        return await self.durable.store(scope, key, fingerprint, response)
+        return await self._watched(self.durable.store(scope, key, fingerprint, response))
 
     def soon(self, work: Callable[[], Awaitable[None]]) -> bool:
         """Run `work` in this store's task group; False if the store is not running (it
@@ -106,7 +117,10 @@ class BackedStore:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 task_status.started()
-                await anyio.sleep_forever()
+                while True:
+                    await anyio.sleep(self._check)
+                    with contextlib.suppress(StateUnavailable):  # `failing` says it
+                        await self._watched(self.durable.check())
         finally:
             self._tg = None
             with anyio.CancelScope(shield=True):
@@ -124,6 +138,21 @@ class BackedStore:
         with anyio.CancelScope(shield=True):
             await self.durable.close()
 
+    async def _watched(self, call: Awaitable[T]) -> T:
+        """`call`'s result; whether it failed with StateUnavailable is `failing`."""
+        try:
+            got = await call
+        except StateUnavailable as exc:
+            if self.failing is None:
+                log.error("the state store fails: %s; keyed requests are refused "
+                          "(503 state_unavailable) until it answers", exc)
+            self.failing = str(exc)
+            raise
+        if self.failing is not None:
+            log.warning("the state store answers again")
+            self.failing = None
+        return got
+
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         try:
             await work()
@@ -135,4 +164,4 @@ class BackedStore:
                 self._written.set()
 
 
-__all__ = ["BUSY_POLL_S", "LEASE_MARGIN_S", "BackedStore"]
+__all__ = ["BUSY_POLL_S", "CHECK_S", "LEASE_MARGIN_S", "BackedStore"]

@@ -141,6 +141,9 @@ class RedisState:
     async def extend(self, scope: str, key: str, token: str, lease: float) -> None:
         await self._run("extend", scope, key, token, _ms(lease))
 
+    async def check(self) -> None:
+        """Nothing to look at between calls: a call that fails says so."""
+
     async def close(self) -> None:
         """Close the client's connections (the shared rate limits' too: the server is
         draining)."""

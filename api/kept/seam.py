@@ -66,6 +66,11 @@ class KeptState(Protocol):
         """Hold the claim `token` for `lease` more seconds (a leader lingering on a batch)."""
         ...
 
+    async def check(self) -> None:
+        """Raise StateUnavailable if the store is known to be broken between calls (its
+        owner asks every second, so that /readyz says so before a request finds out)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -11,6 +11,12 @@ returns, so it survives the process being killed (a power cut may lose the last 
 Each call is one short indexed statement run on the event loop: handing it to a thread
 costs more than the statement (`loadtest/bench_state.py` measures both).
 
+A file that cannot be opened is found at start-up, before any model loads
+(`check_state_file`); one broken under a running server (replaced, removed, overwritten:
+SQLite may go on reading what its WAL holds) is found by `check`, which its owner calls
+every second: from then on every call raises StateUnavailable, as when a Redis cannot be
+reached, until the file is a database again.
+
 Bounds, like the memory store's: at most `max_entries` answers and `max_bytes` of them,
 each for `ttl` seconds of wall-clock time (it outlives the process, so not the monotonic
 clock); the oldest leave first.
@@ -35,6 +41,7 @@ from api.kept.idempotency import ENTRY_OVERHEAD, StoredResponse
 from api.kept.seam import Claim, Claimed, Stored
 from api.kept.spec import SqliteSettings
 
+HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 SWEEP_S = 1.0  # expired answers are deleted at most this often (they are never replayed)
 T = TypeVar("T")
 EVICT_CHUNK = 64  # answers evicted per statement when over a bound
@@ -60,6 +67,8 @@ class SqliteState:
         self._lock: int | None = None
         self._entries = self._bytes = 0
         self._swept = float("-inf")
+        self._inode: tuple[int, int] | None = None  # the file opened (device, inode)
+        self._broken: str | None = None  # why the file on disk is no longer usable
 
     async def open(self) -> None:
         """Take the file's lock (waiting `lock_wait` for an exiting server), then open it.
@@ -69,17 +78,19 @@ class SqliteState:
         path = self._settings.path
         self._lock = await _locked(Path(f"{path}.lock"), self._settings.lock_wait)
         try:
-            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(SCHEMA)
-            self._entries, self._bytes = db.execute(
-                "SELECT count(*), coalesce(sum(cost), 0) FROM kept").fetchone()
-        except sqlite3.Error as exc:
+            db, self._entries, self._bytes = _opened(path)
+        except StateUnavailable:
             await self.close()
-            raise StateUnavailable(f"cannot open the state file {path}: {exc}") from exc
-        self._db = db
+            raise
+        self._db, self._inode, self._broken = db, _inode(path), None
         self._sweep(self._wall())
+
+    async def check(self) -> None:
+        """Whether the file on disk is still the database opened: StateUnavailable saying
+        why not (every call raises it meanwhile); quiet again once it is."""
+        self._broken = _broken(self._settings.path, self._inode)  # a stat and 16 bytes
+        if self._broken is not None:
+            raise StateUnavailable(self._broken)
 
     async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float) -> Claim:
         row = self._call(lambda db: db.execute(
@@ -177,6 +188,8 @@ class SqliteState:
     def _call(self, run: Callable[[sqlite3.Connection], T]) -> T:
         if self._db is None:
             raise StateUnavailable("the state file is not open")
+        if self._broken is not None:
+            raise StateUnavailable(self._broken)
         try:
             return run(self._db)
         except sqlite3.Error as exc:
@@ -190,10 +203,69 @@ def _answer(row: tuple[bytes, int, bytes, bytes], fingerprint: bytes) -> StoredR
     return StoredResponse(row[1], bytes(row[2]), headers)
 
 
+def check_state_file(path: Path) -> None:
+    """Whether `path` opens as a state file, asked at start-up before any model loads
+    (creating it if new): StateUnavailable naming the file and why not. A file another
+    server holds is left alone (`SqliteState.open` waits for it, or says so)."""
+    fd = _lock_file(Path(f"{path}.lock"))
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        db, _, _ = _opened(path)
+        db.close()
+    finally:
+        os.close(fd)
+
+
+def _opened(path: Path) -> tuple[sqlite3.Connection, int, int]:
+    """The file opened as a state file, and its (answers, bytes)."""
+    db = None
+    try:
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+        entries, cost = db.execute("SELECT count(*), coalesce(sum(cost), 0) FROM kept"
+                                   ).fetchone()
+    except sqlite3.Error as exc:
+        if db is not None:
+            db.close()
+        raise StateUnavailable(f"cannot open the state file {path}: {exc}") from None
+    return db, entries, cost
+
+
+def _broken(path: Path, inode: tuple[int, int] | None) -> str | None:
+    """Why the file at `path` is not the database opened as `inode` (None: it is)."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(HEADER))
+        same = _inode(path) == inode
+    except OSError as exc:
+        return f"the state file {path} cannot be read: {exc.strerror or exc}"
+    if not same:
+        return f"the state file {path} was replaced"
+    return None if head in (HEADER, b"") else f"the state file {path} is no SQLite database"
+
+
+def _inode(path: Path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def _lock_file(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise StateUnavailable(f"cannot open the state file's lock {path}: "
+                               f"{exc.strerror or exc}") from None
+
+
 async def _locked(path: Path, wait: float) -> int:
     """An fd holding `path`'s exclusive lock; polls while another process holds it (one
     that is exiting lets go when the kernel ends it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _lock_file(path)
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -207,4 +279,4 @@ async def _locked(path: Path, wait: float) -> int:
             await anyio.sleep(0.05)  # another process's lock: poll it
 
 
-__all__ = ["SqliteState"]
+__all__ = ["SqliteState", "check_state_file"]

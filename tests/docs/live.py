@@ -30,11 +30,12 @@ DOCUMENTED = "127.0.0.1:8000"
 
 
 def serve_flags() -> list[str]:
-    """The flags `scripts/serve` gives `batchgate serve` before the caller's own."""
+    """The flags `scripts/serve` gives `batchgate serve` before the caller's own (`$clone`:
+    the clone's root, where it finds the example keys)."""
     match = re.search(r'^exec batchgate serve (.*) "\$@"$', (ROOT / "scripts/serve").read_text(),
                       re.M)
     assert match, "scripts/serve no longer execs `batchgate serve ... \"$@\"`"
-    return shlex.split(match[1])
+    return [flag.replace("$clone", str(ROOT)) for flag in shlex.split(match[1])]
 
 
 def shell_env() -> dict[str, str]:

@@ -58,7 +58,7 @@ async def test_restarts_leave_no_files_and_lose_no_counts(
     with socket.socket() as sock:
         exits = Exits(6)
         gateways = exits.gateways = Gateways(
-            Settings(model="sim", gateways=1), str(tmp_path / "link"), sock, backoff=backoff,
+            Settings(model="sim", gateways=1), str(tmp_path / "link"), [sock], backoff=backoff,
             target=count_and_exit, changed=exits.changed, metrics=tmp_path)
         await gateways.start()
         with anyio.fail_after(60):

@@ -71,7 +71,7 @@ async def test_a_gateway_that_keeps_dying_is_restarted_ever_later(tmp_path: Path
     with socket.socket() as sock:
         counted = Counted(5)
         gateways = counted.gateways = Gateways(
-            Settings(model="sim", gateways=1), str(tmp_path / "link"), sock, backoff=backoff,
+            Settings(model="sim", gateways=1), str(tmp_path / "link"), [sock], backoff=backoff,
             target=exit_at_once, changed=counted.changed)
         await gateways.start()
         with anyio.fail_after(60):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,7 +21,8 @@ from api.door import (
     latency_floor,
 )
 from api.metrics import Metrics
-from batcher import Closed, FlushPolicy, Item, ItemId, Tier
+from batcher import Closed, FlushPolicy, Item, ItemId, Tier, VersionKey
+from gpu_pool import WorkerInfo
 from tests.api.door.fakes import FakePool, Waiter
 
 IDS = itertools.count(1)
@@ -181,3 +183,27 @@ async def test_drain_refuses_new_items_and_returns_once_queued_and_running_ones_
                 admit(service, "late")
             pool.release()
     assert (running_now.outputs, queued.outputs) == (["ba", "dc"], ["fe"])
+
+
+class HoldingB(FakePool):
+    """Every worker holds `b@v1`: the first model, `a`, has gone cold (idle, min_workers 0)."""
+
+    def workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo(w, w, None, "ready", "cpu", 0, 0, version=VersionKey.parse("b@v1"))
+                for w in range(self.size)]
+
+
+def test_a_first_model_gone_cold_leaves_the_server_ready(tmp_path: Path) -> None:
+    """A request without `model` would load `a` onto a worker: it can serve (a balancer
+    that took the server out would keep that request away for good)."""
+    models = tmp_path / "models.toml"
+    models.write_text('[models.a]\nmin_workers = 0\n[models.a.versions.v1]\nspec = "sim"\n'
+                      '[models.b]\n[models.b.versions.v1]\nspec = "sim"\n')
+    service = service_over(HoldingB(2), Settings(models=str(models), workers=Workers(2)))
+    assert service.ready()
+    service.leave()
+    assert not service.ready()
+
+
+def test_a_server_with_no_worker_up_is_not_ready() -> None:
+    assert not service_over(FakePool(up=False)).ready()

@@ -76,8 +76,10 @@ SERVER_OVERRIDDEN = {
     "__init__": ("self", "config"),
     "handle_exit": ("self", "sig", "frame"),
     "on_tick": ("self", "counter"),
+    "serve": ("self", "sockets"),  # to know its task: a signal while starting cancels it
+    "run": ("self", "sockets"),  # that cancellation ends `run` quietly
 }
-SERVER_NAMES = ("should_exit", "force_exit")
+SERVER_NAMES = ("should_exit", "force_exit", "started")
 SERVER_SOCKETS = ("run", "serve")  # both take `sockets=` (the gateway's shared socket)
 # The statuses the direct way writes with STATUS_LINE: its answer and every error's.
 STATUSES = sorted({200, *(error.status for error in ERRORS.values())})

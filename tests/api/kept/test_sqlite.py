@@ -21,6 +21,7 @@ from api.kept import (
     StateUnavailable,
     Stored,
     StoredResponse,
+    check_state_file,
 )
 from tests.api.kept.conftest import sqlite_at
 
@@ -165,3 +166,43 @@ async def test_a_call_on_a_closed_file_is_unavailable(tmp_path: Path) -> None:
         await state.claim("acme", "k-1", FP, 5.0)
     with pytest.raises(StateUnavailable):
         await state.store("acme", "k-1", FP, answer(1))
+
+
+async def test_a_file_overwritten_under_a_running_server_fails_every_call(
+        tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    state = sqlite_at(path)
+    await state.open()
+    await state.store("acme", "k-1", FP, answer(1))
+    await state.check()  # the file opened: quiet
+    path.write_bytes(os.urandom(8192))  # SQLite alone would go on answering from its WAL
+    with pytest.raises(StateUnavailable, match="no SQLite database"):
+        await state.check()
+    with pytest.raises(StateUnavailable, match="no SQLite database"):
+        await state.claim("acme", "k-1", FP, 5.0)
+    await state.close()
+
+
+async def test_a_file_replaced_under_a_running_server_fails_every_call(tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    state = sqlite_at(path)
+    await state.open()
+    path.unlink()
+    path.write_bytes(b"")
+    with pytest.raises(StateUnavailable, match="was replaced"):
+        await state.check()
+    with pytest.raises(StateUnavailable, match="was replaced"):
+        await state.store("acme", "k-1", FP, answer(1))
+    await state.close()
+
+
+def test_a_file_that_cannot_be_opened_is_found_before_anything_runs(tmp_path: Path) -> None:
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(StateUnavailable, match=r"folder\.db"):
+        check_state_file(tmp_path / "folder.db")
+    (tmp_path / "garbage.db").write_bytes(os.urandom(8192))
+    with pytest.raises(StateUnavailable, match=r"garbage\.db: file is not a database"):
+        check_state_file(tmp_path / "garbage.db")
+    with pytest.raises(StateUnavailable, match="lock"):
+        check_state_file(tmp_path / "missing" / "kept.db")
+    check_state_file(tmp_path / "new.db")  # made, and free for the server to open
