@@ -281,8 +281,15 @@ class InFlightTable:
         return Actions()
 
     def _split(self, items: list[Item], lineage: Lineage) -> None:
-        """Queue `items` again as two halves (one by one once the budget is spent)."""
-        if len(items) == 1:
+        """Queue `items` again as two halves (one by one once the budget is spent). Items of
+        several tiers are split by tier first: a paid item runs again at once, apart from
+        the free inputs that may have failed its batch (free traffic is the one anyone can
+        send), instead of waiting out their bisection."""
+        tiers = [group for tier in Tier if (group := [i for i in items if i.tier is tier])]
+        if len(tiers) > 1 and lineage.budget >= 2:
+            lineage.budget -= 2
+            groups = tiers
+        elif len(items) == 1:
             groups = [items]
         elif lineage.budget >= 2:
             lineage.budget -= 2

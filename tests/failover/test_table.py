@@ -95,6 +95,36 @@ def test_bisection_isolates_one_poison_item() -> None:
     assert failed == [poison.id]
 
 
+def test_paid_batch_mates_of_a_failed_batch_run_again_at_once_apart_from_free_inputs() -> None:
+    """A free poison in a mixed batch: the paid items' next run holds them alone and is
+    answered; only the free ones are bisected."""
+    sink, table = Sink(), InFlightTable(bisect_budget=16)
+    table.worker_up(WorkerId(1))
+    items = [Item(ItemId(i), f"in-{i}", Tier.PAID if i % 2 else Tier.FREE, 0.0, 1e9, sink)
+             for i in range(20)]
+    poison = items[4].text  # a free input
+    d = table.assign(items, now=0.0)
+    table.on_error(d.worker, d.batch_id, ModelError("ValueError", "bad"))
+    again = table.next_group(now=0.0)
+    assert again is not None
+    assert set(again.texts) == {i.text for i in items if i.tier is Tier.PAID}
+    actions = table.on_ok(again.worker, again.batch_id, tuple(t[::-1] for t in again.texts))
+    for item, result in actions.deliver:
+        item.settle(result)
+    assert sorted(sink.got) == [i.id for i in items if i.tier is Tier.PAID]
+    d = table.next_group(now=0.0)
+    while d is not None:  # the free half, bisected: only the poison fails
+        if poison in d.texts:
+            actions = table.on_error(d.worker, d.batch_id, ModelError("ValueError", "bad"))
+        else:
+            actions = table.on_ok(d.worker, d.batch_id, tuple(t[::-1] for t in d.texts))
+        for item, result in actions.deliver:
+            item.settle(result)
+        d = table.next_group(now=0.0)
+    failed = [i for i, v in sink.got.items() if isinstance(v[0], ModelError)]
+    assert failed == [items[4].id] and len(sink.got) == 20
+
+
 def run_all(table: InFlightTable, items: list[Item], fails: Callable[[str], bool]) -> int:
     """Run `items` as one batch and every group bisected from it; the model raises on any
     batch holding an input that `fails`. Returns the number of runs."""
