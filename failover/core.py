@@ -285,9 +285,11 @@ class DispatchCore:
         self._table.worker_up(worker)
         return self._pump(now, CoreActions())
 
-    def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
+    def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float,
+              hold: bool = False) -> CoreActions:
         """A worker answered (`at`: when the answer arrived). Fenced: a reply for a batch
-        that is no longer in flight on this worker changes nothing."""
+        that is no longer in flight on this worker changes nothing. `hold`: give nobody
+        new work yet (the caller may switch the worker now idle, then calls `pump`)."""
         out = CoreActions()
         if isinstance(reply, Ok):
             actions = self._table.on_ok(worker, reply.batch_id, reply.outputs, reply.seconds)
@@ -301,9 +303,14 @@ class DispatchCore:
             actions = self._table.on_error(worker, reply.batch_id, error)
         if not actions.discarded:
             self._stop_clock(worker, now)
-        self._pump(now, out, freed=(worker, at))  # the next batch first,
+        if not hold:
+            self._pump(now, out, freed=(worker, at))  # the next batch first,
         out.settle += actions.deliver  # then the answers
         return out
+
+    def pump(self, now: float) -> CoreActions:
+        """Give idle workers what may run now (after a held `reply`)."""
+        return self._pump(now, CoreActions())
 
     def worker_left(self, worker: WorkerId) -> bool:
         """Take an idle worker out (it is switched to another version): False, and nothing

@@ -145,10 +145,25 @@ class ModelCores:
         return self._placed(out, now)
 
     def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
+        """While paid work waits for a version no worker holds, a worker of a version with
+        no paid work queued is held idle for placement's look before its next batch: paid
+        work of any model outranks free work of another."""
         version = self._residency.version_of(worker)
         if version is None:
             return CoreActions()
-        return self._placed(self._cores[version].reply(worker, reply, now, at), now)
+        core = self._cores[version]
+        if self._sole is None and self._paid_waits_cold(core, now):
+            out = self._placed(core.reply(worker, reply, now, at, hold=True), now)
+            out.extend(core.pump(now))  # switched away, or back to its own queue
+            return out
+        return self._placed(core.reply(worker, reply, now, at), now)
+
+    def _paid_waits_cold(self, mine: DispatchCore, now: float) -> bool:
+        if mine.demand(now).paid:
+            return False
+        return any(core is not mine and not core.ready_count()
+                   and not self._residency.loading(version) and core.demand(now).paid
+                   for version, core in self._cores.items())
 
     def worker_died(self, worker: WorkerId, now: float, version: VersionKey | None = None,
                     restart: StartId | None = None) -> CoreActions:

@@ -245,6 +245,15 @@ class _Round:
             return False
         return v.retired or self.now >= w.resident_since + self.s.min_resident(v.load_s)
 
+    def free_for_paid(self, w: WorkerView) -> bool:
+        """Free for a version whose paid items wait: idle and past its minimum residency,
+        its own queue holding no paid item (paid work of any model outranks free work of
+        another: the free queue it leaves waits for the version's other workers)."""
+        v = self.views[w.version]
+        if not w.idle or w.worker in self.used or v.paid > 0 or v.retired:
+            return False  # (a retired version's queue has only its own workers to drain it)
+        return self.now >= w.resident_since + self.s.min_resident(v.load_s)
+
     def donor_class(self, v: VersionView) -> int:
         """0: its version is leaving anyway; 1: spare; 2: its version would run short."""
         if v.retired or not v.wanted:
@@ -277,11 +286,18 @@ class _Round:
         return drain >= self.s.late_share * budget
 
     def may_rob(self, d: VersionView, need: _Need) -> bool:
-        """May a worker leave `d`, which needs it, for `need`? Never for plain demand; never to
-        leave `d` cold unless `need` is a cold version wanted more, or urgent."""
+        """May a worker leave `d`, which needs it, for `need`? Never for free work while paid
+        work waits at `d`; for plain demand only `d`'s last worker, when nothing waits there
+        and its arrivals would not pay for a load; never otherwise to leave `d` cold unless
+        `need` is a cold version wanted more, or urgent."""
         v, rest = need.view, self.workers_of(d) - 1
+        if v.paid == 0 and d.paid > 0:
+            return False  # free work never takes a worker from waiting paid work
         if need.reason == SwitchReason.DEMAND:
-            return False
+            # Its last worker, nothing waiting, and its own arrivals would not pay for a
+            # load: it goes to work that does now, not after the idle timeout.
+            own = d.rate / d.throughput.per_worker * self.horizon(d)
+            return rest == 0 and d.queued == 0 and own < self.s.factor * d.load_s
         if rest >= 1:
             mine = self.pressure(v, self.workers_of(v))
             return need.reason != SwitchReason.DEADLINE or self.pressure(d, rest) < mine
@@ -314,7 +330,7 @@ class SwitchCost:
         if not any(w.idle for w in workers):
             return []
         r = _Round(now, workers, versions, self.settings)
-        free = sorted((w for w in r.workers if r.free(w)),
+        free = sorted((w for w in r.workers if r.free(w) or r.free_for_paid(w)),
                       key=lambda w: (w.resident_since, w.worker))
         if not free:
             return []
@@ -372,7 +388,9 @@ class SwitchCost:
         v, best, best_key = need.view, None, None
         for w in free:
             d = r.views[w.version]
-            if d is v or not r.free(w) or not r.can_take(v, d.model):
+            if d is v or not r.can_take(v, d.model):
+                continue
+            if not r.free(w) and not (v.paid > 0 and r.free_for_paid(w)):
                 continue
             if not r.floor_ok(w, v.model):
                 continue

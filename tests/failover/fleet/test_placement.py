@@ -104,8 +104,11 @@ def check_rules(workers: list[WorkerView], versions: list[VersionView],
         if not src.retired:  # the minimum residency
             assert w.resident_since + S.min_resident(src.load_s) <= NOW
     holding = Counter(w.version for w in workers)
-    for key, left in Counter(held[s.worker].version for s in switches).items():
-        # the workers that stay take the batches still waiting there
+    for key, left in Counter(held[s.worker].version for s in switches
+                             if not (by_key[s.to].paid and not by_key[held[s.worker].version].paid)
+                             ).items():
+        # the workers that stay take the batches still waiting there (unless they left
+        # free work for waiting paid work: paid outranks free across models)
         assert holding[key] - left >= queued_batches(by_key[key])
     resident = Counter(model_of(w.version) for w in workers)
     out = Counter(model_of(held[s.worker].version) for s in switches)
@@ -307,6 +310,42 @@ def test_demand_never_takes_a_worker_its_own_version_needs() -> None:
     ws = [worker(1, "a@v1", idle=False), worker(2, "b@v1"), worker(3, "b@v1", idle=False)]
     vs = [waiting("a@v1", 2_000, rate=2_000.0), version("b@v1", rate=1_200.0)]
     assert SwitchCost().decide(NOW, ws, vs) == []
+
+
+def test_paid_work_of_one_model_outranks_free_work_of_another() -> None:
+    """Both workers hold `hot`, whose free backlog keeps them busy; a paid request waits at
+    `cold`: the first to finish a batch (idle now, past its residency) loads `cold`."""
+    ws = [worker(1, "hot@v1"), worker(2, "hot@v1", idle=False)]
+    hot = version("hot@v1", queued=400, paid=0, oldest=NOW - 0.5, oldest_deadline=NOW + 1.5,
+                  rate=1_500.0)
+    cold = waiting("cold@v1", 1, rate=1.0)
+    assert SwitchCost().decide(NOW, ws, [hot, cold]) == [
+        Switch(WorkerId(1), "cold@v1", "cold")]
+    free_only = replace(cold, paid=0)  # a free request alone does not outrank hot's backlog
+    assert SwitchCost().decide(NOW, ws, [hot, free_only]) == []
+
+
+def test_a_version_with_nothing_waiting_gives_its_worker_to_work_that_pays_for_a_load() -> None:
+    """`cold` was asked once (its rate decays, far from paying for a load) and keeps its
+    worker idle; `hot`'s waiting work pays for a load: the worker goes now, not after
+    idle_unload_s."""
+    ws = [worker(1, "hot@v1", idle=False), worker(2, "cold@v1")]
+    hot = waiting("hot@v1", 300, rate=1_400.0)
+    cold = version("cold@v1", rate=0.2, last_arrival=NOW - 20)
+    assert SwitchCost().decide(NOW, ws, [hot, cold]) == [Switch(WorkerId(2), "hot@v1", "demand")]
+    busy = replace(cold, rate=300.0)  # its own arrivals would pay for its load: it stays
+    assert SwitchCost().decide(NOW, ws, [hot, busy]) == []
+
+
+def test_a_free_arrival_never_takes_a_worker_from_waiting_paid_work() -> None:
+    """`a`'s paid traffic needs both its workers (one idle between batches); a free request
+    for cold `b` waits rather than take one. A paid one may."""
+    ws = [worker(1, "a@v1"), worker(2, "a@v1", idle=False)]
+    a = waiting("a@v1", 50, rate=1_500.0)
+    b = version("b@v1", queued=1, paid=0, oldest=NOW - 0.1, oldest_deadline=NOW + 4.0)
+    assert SwitchCost().decide(NOW, ws, [a, b]) == []
+    assert SwitchCost().decide(NOW, ws, [a, replace(b, paid=1)]) == [
+        Switch(WorkerId(1), "b@v1", "cold")]
 
 
 def test_a_model_at_max_workers_gets_no_more() -> None:
