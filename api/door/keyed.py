@@ -104,14 +104,16 @@ class KeptRequest(PendingRequest):
 
 
 class _Lease:
-    """A key this process claimed in the durable layer: what `store` and `release` need."""
+    """A key this process claimed in the durable layer: what `store` and `release` need
+    (`deadline`: its request's, on the door's clock; `budget`: its tier's)."""
 
-    __slots__ = ("fingerprint", "kept", "key", "scope", "tier", "token")
+    __slots__ = ("budget", "deadline", "fingerprint", "kept", "key", "scope", "tier",
+                 "token")
 
-    def __init__(self, scope: str, key: str, fingerprint: bytes, token: str, tier: Tier
-                 ) -> None:
+    def __init__(self, scope: str, key: str, fingerprint: bytes, token: str, tier: Tier,
+                 deadline: float, budget: float) -> None:
         self.scope, self.key, self.fingerprint, self.token = scope, key, fingerprint, token
-        self.tier = tier
+        self.tier, self.deadline, self.budget = tier, deadline, budget
         self.kept = False  # an answer is stored under the key (the claim is gone)
 
 
@@ -202,13 +204,16 @@ class KeyedPath:
         assert job.idempotency is not None
         key, digest = job.idempotency
         scope, started = job.principal.account, self._clock.now()
-        got = await backed.claim(scope, key, digest, job.timeout)
+        tier = job.principal.tier
+        budget = backed.budgets.get(tier, 0.0)
+        got = await backed.claim(scope, key, digest, job.timeout, budget)
         if isinstance(got, Stored):
             return None, job, got.response
         waited = self._clock.now() - started
         if waited > 0:
             job = job._replace(timeout=job.timeout - waited)
-        return _Lease(scope, key, digest, got.token, job.principal.tier), job, None
+        return _Lease(scope, key, digest, got.token, tier, started + job.timeout + waited,
+                      budget), job, None
 
     async def _keep(self, lease: _Lease, response: Rendered) -> tuple[Rendered, bool]:
         """Store the leader's answer; (what its client gets, whether it is kept). The
@@ -216,8 +221,9 @@ class KeyedPath:
         is not given out (a retry could not replay it): 503, not kept."""
         assert self._backed is not None
         try:
-            winner = await self._backed.keep(lease.scope, lease.key, lease.fingerprint,
-                                             _stored(response))
+            winner = await self._backed.keep(  # the time left, at least the tier's budget
+                lease.scope, lease.key, lease.fingerprint, _stored(response),
+                within=max(lease.deadline - self._clock.now(), lease.budget))
         except Exception as exc:
             return self._refused(exc, lease.tier), False
         lease.kept = True

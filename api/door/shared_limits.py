@@ -13,11 +13,13 @@ group) checks every frame that came meanwhile in one call. While Redis is out a 
 be the one that asks it again, which can take the whole timeout: then it runs beside the
 loop, so the frames after it are decided (locally) at once.
 
-When Redis does not answer within `timeout_s`, the check falls back to the cell's own
-`RateLimiter` (each cell then limits an account by itself, as without Redis) and unkeyed
-requests go on being served; the outage is logged once, every failed call counted
-(`batchgate_state_errors_total{part="limits"}`), and Redis asked again at most every
-`retry_s`, so an outage costs one timeout a second, not one a request.
+A check waits for Redis a share (`BUDGET_SHARE`) of the smallest budget of the tiers in
+its frame, at most `timeout_s`: a Redis that is slow (not only one that is down) costs a
+request a small part of its budget. When Redis does not answer within that, the check
+falls back to the cell's own `RateLimiter` (each cell then limits an account by itself, as
+without Redis) and unkeyed requests go on being served; the outage is logged once, every
+failed call counted (`batchgate_state_errors_total{part="limits"}`), and Redis asked again
+at most every `retry_s`, so an outage costs one short wait a second, not one a request.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("batchgate.limits")
 
-TIMEOUT_S = 0.5  # a check waits this long for Redis before the cell's own buckets decide
+TIMEOUT_S = 0.5  # a check waits at most this long for Redis before the cell's own decide
+BUDGET_SHARE = 0.25  # ... and at most this share of the smallest budget in its frame
 RETRY_S = 1.0  # while Redis is out, it is asked again at most this often
 CHECKS_WAITING = 65_536  # checks waiting for the next round trip; a frame past it is refused
 PREFIX = "batchgate:limits:"
@@ -203,14 +206,17 @@ class SharedLimits:
             self._retry_at = now + self._retry_s
         keys: list[str] = []
         args: list[float] = []
+        budget = math.inf
         for principal, factor in checks:
             keys += self._bucket_names(principal)
             lim = self._limits[principal.tier]
             args += (lim.rate * factor, lim.burst, lim.account_rate * factor, lim.account_burst)
+            budget = min(budget, lim.budget_ms / 1000)
+        within = min(self._timeout_s, budget * BUDGET_SHARE)
         try:
-            waits = await self._call(keys, args)
+            waits = await self._call(keys, args, within)
         except self._failures as exc:
-            self._failed(exc)
+            self._failed(exc, within)
             return self._fallback.check_all(checks, self._clock())
         if self._out:
             self._out, self._retry_at = False, -math.inf
@@ -231,19 +237,19 @@ class SharedLimits:
             then.checked(refusals[at:at + len(frame)])
             at += len(frame)
 
-    async def _call(self, keys: list[str], args: list[float]) -> list[int]:
-        async with asyncio.timeout(self._timeout_s):
+    async def _call(self, keys: list[str], args: list[float], within: float) -> list[int]:
+        async with asyncio.timeout(within):
             waits: Any = await self._script(keys=keys, args=args)
         return [int(wait) for wait in waits]
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, within: float) -> None:
         self._errors.inc()
         self._retry_at = self._clock() + self._retry_s
         if not self._out:
             self._out = True
             log.error("the shared rate limits (Redis) do not answer (%s: %s): each cell "
                       "limits by itself until they do", type(exc).__name__,
-                      str(exc) or f"nothing within {self._timeout_s} s")
+                      str(exc) or f"nothing within {within:g} s")
 
     def _bucket_names(self, principal: Principal) -> tuple[str, str]:
         names = self._names.get(principal)

@@ -13,8 +13,10 @@ of ours that it asks about again was abandoned) or by a core of this cell that d
 taken over at once. A claim of another cell is waited out: its lease is the request's
 timeout plus a margin, extended while its leader lingers on a batch left running.
 
-Every call is bounded: the connection and the call each time out after `timeout`, the pool
-hands out at most `max_connections` and waits `timeout` for one, and nothing is retried
+Every call is bounded, by the time its request can give it (`within`: a slow Redis makes
+keyed requests slower, not refused while their deadline allows) or, for the writes nobody
+waits for, by twice `timeout`; connecting times out after `timeout`, the pool hands out at
+most `max_connections` (waiting for one within the call's bound), and nothing is retried
 here. Any failure raises `StateUnavailable`; the next call connects again, so the store
 coming back needs no restart.
 
@@ -79,13 +81,14 @@ return 0
 
 
 def connect(settings: RedisSettings) -> Redis:
-    """A client of the Redis `settings` names, connecting on its first call: every call
-    bounded by `timeout`, at most `max_connections` at once, no retries inside the client
-    (a failed call fails at once; the caller asks again later)."""
+    """A client of the Redis `settings` names, connecting on its first call within
+    `timeout`, at most `max_connections` at once, no retries inside the client (a failed
+    call fails at once; the caller asks again later). Its calls have no time limit of
+    their own: each caller bounds its own (a cancelled call closes its connection)."""
     s = settings
     pool = BlockingConnectionPool(
         host=s.host, port=s.port, db=s.db, max_connections=s.max_connections,
-        timeout=s.timeout, socket_timeout=s.timeout, socket_connect_timeout=s.timeout,
+        timeout=None, socket_timeout=None, socket_connect_timeout=s.timeout,
         retry=Retry(NoBackoff(), 0))
     return Redis(connection_pool=pool)
 
@@ -114,10 +117,11 @@ class RedisState:
             log.warning("the state store %s:%d is not answering (%s); keyed requests are "
                         "refused until it does", s.host, s.port, exc)
 
-    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float) -> Claim:
+    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float,
+                    within: float | None = None) -> Claim:
         owner = self._settings.owner
         token = f"{owner.cell}:{owner.incarnation}:{next(self._tokens)}"
-        reply = await self._run("claim", scope, key, fingerprint, owner.cell,
+        reply = await self._run("claim", within, scope, key, fingerprint, owner.cell,
                                 owner.incarnation, token, _ms(lease))
         what = reply[0]
         if what == b"claimed":
@@ -127,8 +131,8 @@ class RedisState:
         return Stored(_answer(reply))
 
     async def store(self, scope: str, key: str, fingerprint: bytes,
-                    response: StoredResponse) -> StoredResponse:
-        reply = await self._run("store", scope, key, fingerprint, response.status,
+                    response: StoredResponse, within: float | None = None) -> StoredResponse:
+        reply = await self._run("store", within, scope, key, fingerprint, response.status,
                                 response.body, orjson.dumps(response.headers),
                                 _ms(self._settings.ttl))
         if reply[0] == b"kept":
@@ -136,10 +140,10 @@ class RedisState:
         return _answer(reply)
 
     async def release(self, scope: str, key: str, token: str) -> None:
-        await self._run("release", scope, key, token)
+        await self._run("release", None, scope, key, token)
 
     async def extend(self, scope: str, key: str, token: str, lease: float) -> None:
-        await self._run("extend", scope, key, token, _ms(lease))
+        await self._run("extend", None, scope, key, token, _ms(lease))
 
     async def check(self) -> None:
         """Nothing to look at between calls: a call that fails says so."""
@@ -152,16 +156,18 @@ class RedisState:
             with anyio.move_on_after(self._settings.timeout):
                 await self.client.aclose(close_connection_pool=True)
 
-    async def _run(self, script: str, scope: str, key: str, *args: Any) -> Any:
+    async def _run(self, script: str, within: float | None, scope: str, key: str,
+                   *args: Any) -> Any:
         if not self._open:
             raise StateUnavailable("the state store is not open")
         name = f"bgk:{len(scope)}:{scope}:{key}"
-        return await self._call(self._scripts[script](keys=[name], args=list(args)))
+        return await self._call(self._scripts[script](keys=[name], args=list(args)), within)
 
-    async def _call(self, call: Awaitable[Any]) -> Any:
-        # Loading a script after a restart is a second trip: twice the call's timeout.
+    async def _call(self, call: Awaitable[Any], within: float | None = None) -> Any:
+        # Loading a script after a restart is a second trip: twice the timeout by default.
+        limit = 2 * self._settings.timeout + 0.1 if within is None else within
         try:
-            with anyio.fail_after(2 * self._settings.timeout + 0.1):
+            with anyio.fail_after(max(limit, 0.0)):
                 return await call
         except (RedisError, OSError) as exc:  # TimeoutError is an OSError
             raise StateUnavailable(f"the state store failed: {type(exc).__name__}: {exc}"

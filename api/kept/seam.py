@@ -49,12 +49,14 @@ class KeptState(Protocol):
 
     async def open(self) -> None: ...
 
-    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float) -> Claim:
-        """Claim (scope, key) for `lease` seconds, unless answered or held elsewhere."""
+    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float,
+                    within: float | None = None) -> Claim:
+        """Claim (scope, key) for `lease` seconds, unless answered or held elsewhere;
+        `within`: how long the call may take (the request's; None: the store's own)."""
         ...
 
     async def store(self, scope: str, key: str, fingerprint: bytes,
-                    response: StoredResponse) -> StoredResponse:
+                    response: StoredResponse, within: float | None = None) -> StoredResponse:
         """Keep `response` unless an answer is kept already; the one kept either way."""
         ...
 

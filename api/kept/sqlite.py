@@ -4,7 +4,12 @@ core process and the whole server.
 One server per file, held by an exclusive lock on `PATH.lock` for as long as it is open
 (the kernel drops it when the process dies, however it dies). So the memory store in front
 (`BackedStore`) already lets one request per key lead, and a claim left by a dead core is
-stale by definition: the file keeps answers only, never claims, and `claim` is a read.
+stale by definition: opening the file drops every claim in it.
+
+A claim is still written, before the model runs: it holds room for its answer
+(`RESERVE` bytes, given back to the answer when it is stored, or by `release`), so a file
+that cannot be written or cannot grow (a full disk) refuses the request before any work
+(StateUnavailable), instead of after the run, when its answer cannot be kept.
 
 The file is in WAL mode with `synchronous=NORMAL`: a commit is in the file before `store`
 returns, so it survives the process being killed (a power cut may lose the last commits).
@@ -19,7 +24,9 @@ reached, until the file is a database again.
 
 Bounds, like the memory store's: at most `max_entries` answers and `max_bytes` of them,
 each for `ttl` seconds of wall-clock time (it outlives the process, so not the monotonic
-clock); the oldest leave first.
+clock); the oldest leave first. The file is in incremental auto-vacuum (a file made
+before is vacuumed once when opened), and the pages that evicted and expired answers free
+go back to the disk, so the bound holds for the file, not only for what it counts.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ HEADER = b"SQLite format 3\x00"  # the first bytes of every SQLite database file
 SWEEP_S = 1.0  # expired answers are deleted at most this often (they are never replayed)
 T = TypeVar("T")
 EVICT_CHUNK = 64  # answers evicted per statement when over a bound
+RESERVE = 4096  # bytes a claim holds: more than a page, so a file that cannot grow refuses it
+INCREMENTAL = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kept (
     id INTEGER PRIMARY KEY,  -- insertion order: oldest first
@@ -54,6 +63,11 @@ CREATE TABLE IF NOT EXISTS kept (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS kept_key ON kept (scope, key);
 CREATE INDEX IF NOT EXISTS kept_expires ON kept (expires);
+CREATE TABLE IF NOT EXISTS claims (
+    scope TEXT NOT NULL, key TEXT NOT NULL, expires REAL NOT NULL, room BLOB NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+DELETE FROM claims;  -- a claim in the file at its opening was left by a dead process
 """
 
 
@@ -67,6 +81,7 @@ class SqliteState:
         self._lock: int | None = None
         self._entries = self._bytes = 0
         self._swept = float("-inf")
+        self._freed = False  # answers were deleted since the last vacuum
         self._inode: tuple[int, int] | None = None  # the file opened (device, inode)
         self._broken: str | None = None  # why the file on disk is no longer usable
 
@@ -79,11 +94,19 @@ class SqliteState:
         self._lock = await _locked(Path(f"{path}.lock"), self._settings.lock_wait)
         try:
             db, self._entries, self._bytes = _opened(path)
+            try:  # a file with a broken header may still open: SQLite reads the WAL's pages
+                broken = _broken(path, inode := _inode(path))
+            except OSError as exc:
+                broken = f"the state file {path} cannot be read: {exc.strerror or exc}"
+            if broken is not None:
+                db.close()
+                raise StateUnavailable(broken)
         except StateUnavailable:
             await self.close()
             raise
-        self._db, self._inode, self._broken = db, _inode(path), None
+        self._db, self._inode, self._broken = db, inode, None
         self._sweep(self._wall())
+        self._vacuum(db)
 
     async def check(self) -> None:
         """Whether the file on disk is still the database opened: StateUnavailable saying
@@ -92,24 +115,23 @@ class SqliteState:
         if self._broken is not None:
             raise StateUnavailable(self._broken)
 
-    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float) -> Claim:
-        row = self._call(lambda db: db.execute(
-            "SELECT fingerprint, status, body, headers FROM kept "
-            "WHERE scope = ? AND key = ? AND expires > ?",
-            (scope, key, self._wall())).fetchone())
-        if row is None:
-            return Claimed("")
-        return Stored(_answer(row, fingerprint))
+    async def claim(self, scope: str, key: str, fingerprint: bytes, lease: float,
+                    within: float | None = None) -> Claim:
+        """The kept answer, or a claim written (holding `RESERVE` bytes) before it runs
+        (`within` does not apply: a statement on the file is not waited for)."""
+        return self._call(lambda db: self._claim(db, scope, key, fingerprint, lease))
 
     async def store(self, scope: str, key: str, fingerprint: bytes,
-                    response: StoredResponse) -> StoredResponse:
+                    response: StoredResponse, within: float | None = None) -> StoredResponse:
         return self._call(lambda db: self._store(db, scope, key, fingerprint, response))
 
     async def release(self, scope: str, key: str, token: str) -> None:
-        """Nothing to give up: the file holds no claims."""
+        """Give the claim's room back (a stored answer has taken it already)."""
+        self._call(lambda db: db.execute(
+            "DELETE FROM claims WHERE scope = ? AND key = ?", (scope, key)))
 
     async def extend(self, scope: str, key: str, token: str, lease: float) -> None:
-        """Nothing to hold: the file holds no claims."""
+        """Nothing to hold: one server per file, so nobody else takes a claim over."""
 
     async def close(self) -> None:
         if self._db is not None:
@@ -123,6 +145,24 @@ class SqliteState:
         """(answers, bytes) kept in the file, as the bounds count them."""
         return self._entries, self._bytes
 
+    def _claim(self, db: sqlite3.Connection, scope: str, key: str, fingerprint: bytes,
+               lease: float) -> Claim:
+        now = self._wall()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute(
+                "SELECT fingerprint, status, body, headers FROM kept "
+                "WHERE scope = ? AND key = ? AND expires > ?", (scope, key, now)).fetchone()
+            if row is None:
+                db.execute("INSERT OR REPLACE INTO claims (scope, key, expires, room) "
+                           "VALUES (?, ?, ?, zeroblob(?))", (scope, key, now + lease, RESERVE))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return Claimed("") if row is None else Stored(_answer(row, fingerprint))
+
     def _store(self, db: sqlite3.Connection, scope: str, key: str, fingerprint: bytes,
                response: StoredResponse) -> StoredResponse:
         now = self._wall()
@@ -131,6 +171,7 @@ class SqliteState:
             + len(fingerprint)
         db.execute("BEGIN IMMEDIATE")
         try:
+            db.execute("DELETE FROM claims WHERE scope = ? AND key = ?", (scope, key))
             winner = db.execute(
                 "SELECT fingerprint, status, body, headers, expires, cost FROM kept "
                 "WHERE scope = ? AND key = ?", (scope, key)).fetchone()
@@ -154,6 +195,7 @@ class SqliteState:
                 db.execute("ROLLBACK")
                 self._reload(db)
             raise
+        self._vacuum(db)
         return response
 
     def _bound(self, db: sqlite3.Connection, now: float) -> None:
@@ -173,11 +215,23 @@ class SqliteState:
         self._swept = now
         costs = self._db.execute("DELETE FROM kept WHERE expires <= ? RETURNING cost",
                                  (now,)).fetchall()
+        self._db.execute("DELETE FROM claims WHERE expires <= ?", (now,))
         self._forget(len(costs), sum(c for (c,) in costs))
 
     def _forget(self, entries: int, cost: int) -> None:
         self._entries -= entries
         self._bytes -= cost
+        self._freed = self._freed or entries > 0
+
+    def _vacuum(self, db: sqlite3.Connection) -> None:
+        """The pages that deleted answers freed, back to the disk (outside a transaction:
+        a script runs the pragma to its end, and commits what is pending first)."""
+        if self._freed:
+            try:
+                db.executescript("PRAGMA incremental_vacuum")
+                self._freed = False
+            except sqlite3.Error:  # the answer is kept: the next write tries again
+                pass
 
     def _reload(self, db: sqlite3.Connection) -> None:
         """The counts as the file has them, after a rolled-back write."""
@@ -224,6 +278,9 @@ def _opened(path: Path) -> tuple[sqlite3.Connection, int, int]:
     db = None
     try:
         db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        if db.execute("PRAGMA auto_vacuum").fetchone()[0] != INCREMENTAL:
+            db.execute(f"PRAGMA auto_vacuum={INCREMENTAL}")
+            db.execute("VACUUM")  # a file made before: its mode changes only by a vacuum
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)

@@ -9,6 +9,10 @@ the same door (tests/failover/state/test_keyed_durable.py holds it in detail).""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -69,3 +73,29 @@ async def test_two_cells_share_kept_answers_and_ride_out_a_redis_outage(
                 assert (await post(on_a, "keyed", "k-2")).content == again.content
             assert a.process.poll() is None and b.process.poll() is None
     assert sorted(runs(count)) == ["hello", "keyed", "plain", "plain"]
+
+
+async def test_a_slow_redis_delays_keyed_requests_and_leaves_plain_ones_in_budget(
+        tmp_path: Path, gateways: int) -> None:
+    if gateways > 1:
+        pytest.skip(ONE_DOOR)
+    with running_redis(tmp_path / "redis") as redis, running_server(
+            1, "sim", ["--keys", "examples/keys.toml", "--state", redis.url]) as srv:
+        assert redis.process is not None
+        pid = redis.process.pid
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
+            assert (await post(client, "warm", "k-0")).status_code == 200  # connected
+            os.kill(pid, signal.SIGSTOP)  # Redis answers again in 1.5 s: slow, not gone
+            resume = threading.Timer(1.5, os.kill, (pid, signal.SIGCONT))
+            resume.start()
+            try:
+                started = time.monotonic()
+                plain = await post(client, "plain")
+                took = time.monotonic() - started
+                keyed = await post(client, "keyed", "k-1")
+            finally:
+                resume.cancel()
+                os.kill(pid, signal.SIGCONT)
+    assert keyed.status_code == 200, keyed.text  # before: 503 state_unavailable at 0.5 s
+    assert plain.status_code == 200
+    assert took < 0.5  # before: its rate check waited the fixed 0.5 s for Redis

@@ -16,6 +16,7 @@ from api.kept import (
     KeptState,
     Lead,
     MemoryIdempotencyStore,
+    StateUnavailable,
     Stored,
     StoredResponse,
 )
@@ -110,3 +111,24 @@ async def test_a_drain_waits_for_the_writes_under_way_then_closes(tmp_path: Path
     assert await reopened.claim("acme", "k-1", FP, 5.0) == Stored(ANSWER)
     assert isinstance(await reopened.claim("acme", "k-0", FP, 5.0), Claimed)
     await reopened.close()
+
+
+async def test_a_file_broken_before_it_opens_fails_the_store_and_opens_once_mended(
+        tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    path.write_bytes(b"not a database at all" * 100)
+    store = BackedStore(MemoryIdempotencyStore(ttl=60, max_entries=100), sqlite_at(path),
+                        MonotonicClock(), poll=0.02, check=0.02)
+    async with anyio.create_task_group() as tg:
+        await tg.start(store.run)  # before: StateUnavailable out of `run` (a core exits)
+        assert store.failing is not None and "cannot open the state file" in store.failing
+        with pytest.raises(StateUnavailable):
+            await store.claim("acme", "k-1", FP, 1.0)
+        path.unlink()  # mended: a new file
+        with anyio.fail_after(5):
+            while True:  # opened again at its next check
+                if store.failing is None:
+                    break
+                await anyio.sleep(0.02)
+        assert isinstance(await store.claim("acme", "k-1", FP, 1.0), Claimed)
+        tg.cancel_scope.cancel()

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 
 from api.door import Door, RateLimiter
 from api.http import Answered, Job, Outcome, Rendered
-from api.kept import BackedStore, KeptState, MemoryIdempotencyStore
+from api.kept import BackedStore, KeptState, MemoryIdempotencyStore, SqliteState
 from api.metrics import Metrics
 from batcher import BatchgateError, Item, MonotonicClock, OverBudget
 from tests.api.door.fakes import REPLAYED, ROOMY, WHO, BatchCore, keyed
@@ -149,6 +149,22 @@ async def test_an_answer_kept_in_the_file_is_replayed_by_the_next_core_without_a
     assert isinstance(replayed, Rendered) and replayed.body == answer.body
     assert REPLAYED in replayed.headers and second.core.ran == []
     assert await second.door.run(keyed()) == replayed  # now from its memory store
+
+
+async def test_a_file_that_cannot_grow_refuses_keyed_requests_before_the_model_runs(
+        tg: TaskGroup, tmp_path: Path) -> None:
+    durable = sqlite_at(tmp_path / "kept.db")
+    cell = await running(tg, durable)
+    assert isinstance(durable, SqliteState) and durable._db is not None
+    pages = durable._db.execute("PRAGMA page_count").fetchone()[0]
+    durable._db.execute(f"PRAGMA max_page_count={pages}")  # SQLITE_FULL, as a full disk
+    with anyio.move_on_after(2):  # before: queued for the model, then 503 once it ran
+        refused = await cell.door.run(keyed())
+        assert code(refused) == (503, "state_unavailable")
+    assert cell.core.queued == [] and cell.core.ran == []
+    assert cell.state_errors() == 1
+    served = await served_plainly(cell)
+    assert isinstance(served, Answered) and served.outputs == ["olleh"]
 
 
 async def test_a_key_answered_on_one_cell_is_replayed_on_another(

@@ -5,6 +5,7 @@ fast `StateUnavailable`, never a hang, and its return needs no restart."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -153,6 +154,25 @@ async def test_a_redis_that_stops_answering_is_unavailable_within_the_timeout(
         os.kill(redis_server.process.pid, signal.SIGCONT)
     with anyio.fail_after(5):
         assert await state.store("acme", "k-2", FP, ANSWER) == ANSWER
+
+
+async def test_a_slow_redis_is_waited_for_as_long_as_the_request_can_give(
+        redis_server: RedisServer, made: list[KeptState]) -> None:
+    state = redis_at(redis_server)
+    await opened(made, state)
+    assert isinstance(await state.claim("acme", "k-0", FP, 5.0), Claimed)  # connected
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(StateUnavailable):  # a request with little time left
+            await state.claim("acme", "k-1", FP, 5.0, within=0.05)
+        handle = asyncio.get_running_loop().call_later(0.7, os.kill, pid, signal.SIGCONT)
+        with anyio.fail_after(5):  # before: StateUnavailable past the fixed 0.5 s timeout
+            assert isinstance(await state.claim("acme", "k-2", FP, 5.0, within=3.0), Claimed)
+        handle.cancel()
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 async def test_a_state_opened_while_redis_is_down_serves_once_it_is_up(

@@ -206,3 +206,72 @@ def test_a_file_that_cannot_be_opened_is_found_before_anything_runs(tmp_path: Pa
     with pytest.raises(StateUnavailable, match="lock"):
         check_state_file(tmp_path / "missing" / "kept.db")
     check_state_file(tmp_path / "new.db")  # made, and free for the server to open
+
+
+def filled(state: SqliteState) -> None:
+    """The file can no longer grow: what a full disk does to every write that needs room
+    (SQLite's page bound raises SQLITE_FULL as the disk would)."""
+    db = state._db
+    assert db is not None
+    db.execute(f"PRAGMA max_page_count={db.execute('PRAGMA page_count').fetchone()[0]}")
+
+
+async def test_a_file_that_cannot_grow_refuses_the_claim_before_the_run(
+        tmp_path: Path) -> None:
+    state = sqlite_at(tmp_path / "kept.db")
+    await state.open()
+    await state.store("acme", "k-0", FP, answer(0))
+    assert isinstance(state, SqliteState)
+    filled(state)
+    with pytest.raises(StateUnavailable, match="full"):  # before: Claimed, then the run
+        await state.claim("acme", "k-1", FP, 5.0)
+    assert await state.claim("acme", "k-0", FP, 5.0) == Stored(answer(0))  # still read
+    await state.close()
+
+
+async def test_a_claim_given_up_or_answered_leaves_nothing_behind(tmp_path: Path) -> None:
+    state = sqlite_at(tmp_path / "kept.db")
+    await state.open()
+    assert isinstance(state, SqliteState) and state._db is not None
+    assert isinstance(await state.claim("acme", "k-1", FP, 5.0), Claimed)
+    assert isinstance(await state.claim("acme", "k-2", FP, 5.0), Claimed)
+    assert state._db.execute("SELECT count(*) FROM claims").fetchone() == (2,)
+    await state.release("acme", "k-1", "")
+    await state.store("acme", "k-2", FP, answer(2))
+    assert state._db.execute("SELECT count(*) FROM claims").fetchone() == (0,)
+    assert state.counts()[0] == 1
+    await state.close()
+
+
+async def test_the_file_gives_the_room_of_expired_answers_back_to_the_disk(
+        tmp_path: Path) -> None:
+    path, now = tmp_path / "kept.db", [1000.0]
+    state = SqliteState(SqliteSettings(path, ttl=60, max_entries=1000, max_bytes=1 << 24,
+                                       lock_wait=0.2), wall=lambda: now[0])
+    await state.open()
+    for n in range(200):
+        await state.store("acme", f"k-{n}", FP, answer(n, size=4000))
+    await state.close()  # the last connection's close checkpoints the WAL into the file
+    full = path.stat().st_size
+    assert full > 200 * 4000
+    now[0] += 120  # every answer expired
+    await state.open()  # sweeps them
+    await state.store("acme", "k-new", FP, answer(1))
+    await state.close()
+    assert path.stat().st_size < full / 10  # before: the file kept its size, pages free
+
+
+async def test_a_file_whose_header_is_broken_is_refused_though_its_wal_would_open(
+        tmp_path: Path) -> None:
+    path = tmp_path / "kept.db"
+    running = sqlite_at(path)
+    await running.open()
+    await running.store("acme", "k-1", FP, answer(1))  # in the WAL, not yet in the file
+    path.write_bytes(b"no database " * 1000)
+    assert isinstance(running, SqliteState) and running._lock is not None
+    os.close(running._lock)  # as a core killed now leaves it: the lock gone, the WAL kept
+    running._lock = None
+    again = sqlite_at(path)
+    with pytest.raises(StateUnavailable, match="no SQLite database"):
+        await again.open()  # before: opened, every page read from the WAL
+    await running.close()
