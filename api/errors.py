@@ -109,6 +109,9 @@ ERRORS: dict[str, ErrorCode] = {
                                         "refused (one without is served)"),
     "retry": ErrorCode(503, "the first request with this Idempotency-Key ended unanswered "
                             "(its client left)"),
+    "change_not_kept": ErrorCode(503, "admin: a cell's core could not write the change "
+                                      "where the next core reads it (its scratch folder); "
+                                      "nothing changed"),
     "deadline_exceeded": ErrorCode(
         504, "the deadline passed first: queued, or running (its output is then discarded)"),
 }

@@ -69,7 +69,7 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
     keys = load_keys(settings.keys, settings.admin_key)
     cell = CellStatus()  # the supervisor's last word on the cell's processes
     service, door, view, models = build_door(
-        settings, keys, metrics, identity=identity,
+        settings, keys, metrics, identity=identity, keep_changes=True,  # for the next core
         cell=lambda: {**cell.shown(), "refused": list(cell.refused)})  # refused: /admin/models
     supervisor: ChildEnd | None = None  # its end of the lifeline, once listened to
 

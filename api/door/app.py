@@ -19,6 +19,7 @@ from api.config import KeyRing, Settings, load_keys
 from api.door.door import Door
 from api.door.local import LocalCore, LocalRoute
 from api.door.models import ModelsAdmin
+from api.door.overrides import Overrides
 from api.door.service import Service
 from api.door.shared_limits import rate_step
 from api.door.status import StatusView
@@ -39,11 +40,16 @@ class CoreParts(NamedTuple):
 
 def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool | None = None,
                cell: Callable[[], dict[str, Any]] | None = None,
-               identity: CellIdentity | None = None) -> CoreParts:
+               identity: CellIdentity | None = None, keep_changes: bool = False) -> CoreParts:
     """The running core and what serves it: the one place its parts are wired. `cell`: what
     the cell's supervisor last said of its processes; `identity`: which cell and which of
-    its cores this is (None: a process of its own)."""
-    service = Service(settings, metrics, keys.tiers, pool=pool, identity=identity)
+    its cores this is (None: a process of its own); `keep_changes`: the admin's changes to
+    the models are written beside the models file, for the cores that start after this one
+    (a cell's core, whose file is the supervisor's kept copy; else they live as long as the
+    process)."""
+    overrides = Overrides.beside(settings.models if keep_changes else None)
+    service = Service(settings, metrics, keys.tiers, pool=pool, identity=identity,
+                      overrides=overrides)
     metrics.watch(service.snapshot)
     # With kept answers in Redis, the rate limits cells share there, on their connection.
     durable = None if service.kept is None else service.kept.durable
@@ -53,7 +59,7 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     models = ModelsAdmin(service.models, service.clock, settings.workers.min, settings.models,
                          service.core.change,
                          None if cell is None else lambda: list(cell().get("refused", [])),
-                         most=settings.workers.max)
+                         most=settings.workers.max, overrides=service.overrides)
     status = StatusView(service, service.pool.ready_count, metrics, cell, models)
     return CoreParts(service, door, status, models)
 

@@ -7,6 +7,8 @@ turn of their owner taken at once; a change that would leave it invalid changes 
 says why. Only versions the
 catalogue names can be loaded: nothing here takes a spec (a module path) from the network.
 Answers are `(status, body)` pairs of plain values: in a cell they cross the link.
+The admin's changes are kept on top of the file and laid over it again at each re-read
+(`api.door.overrides`, which says which wins).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from api.door.overrides import SETTINGS, Overrides
 from api.errors import ERRORS
 from batcher import Clock
 from failover.fleet import (
@@ -32,27 +35,31 @@ from failover.fleet import (
 log = logging.getLogger("batchgate.models")
 
 Answer = tuple[int, dict[str, Any]]
-SETTINGS = ("default", "weights", "min_workers", "max_workers")  # what PUT may change
 
 
 class ModelsAdmin:
     def __init__(self, cores: ModelCores, clock: Clock, workers: int,
                  path: str | None, change: Callable[[Callable[[float], None]], None],
                  refused: Callable[[], list[dict[str, Any]]] | None = None,
-                 most: int | None = None) -> None:
+                 most: int | None = None, overrides: Overrides | None = None) -> None:
         """`path`: the catalogue file SIGHUP re-reads (None: `--model`, nothing to read);
         `change(apply)`: the core's owner applies `apply(now)` in a turn of its own
         (`CoreOwner.change`); `refused`: the files on disk a cell's supervisor refused
         (`file`, `reason`), served from the copies accepted before them; `workers` to
-        `most` (None: `workers`): the pool's sizes, which every change must fit."""
+        `most` (None: `workers`): the pool's sizes, which every change must fit;
+        `overrides`: the admin's changes kept over the file, already laid over the
+        catalogue the cores serve (None: kept in memory only)."""
         self._cores, self._clock, self._workers = cores, clock, workers
         self._most = workers if most is None else most
         self._path, self._change = path, change
         self._refused = refused or list
+        self._overrides = overrides or Overrides(None)
+        if self._overrides.file is None:
+            self._overrides.file = cores.catalogue
 
     def view(self) -> dict[str, Any]:
         """Each model's settings, and each version's state, workers and queue."""
-        cores = self._cores
+        cores, overrides = self._cores, self._overrides
         states = {s.version: s for s in cores.versions(self._clock.now())}
         models = []
         for name, model in cores.catalogue.models.items():
@@ -68,13 +75,14 @@ class ModelsAdmin:
                     "queued": state.queued if state else 0,
                     "load_s": state.load_s if state else None,
                     "load_s_hint": config.load_s,
+                    "retired_by_admin": overrides.retired_by_admin(name, short),
                 })
             models.append({
                 "name": name, "default": model.default,
                 "serving_default": cores.serving_default(name),
                 "weights": dict(model.weights), "min_workers": model.min_workers,
                 "max_workers": model.max_workers, "idle_unload_s": model.idle_unload_s,
-                "versions": versions,
+                "versions": versions, "set_by_admin": overrides.set_by_admin(name),
             })
         abandoned = {name: target.version for name, target in cores.abandoned().items()}
         return {"models": models, "refused_files": self._refused(),
@@ -91,12 +99,12 @@ class ModelsAdmin:
             if method == "GET":
                 return 200, self.view()
             if method == "PUT" and name is not None and version is None:
-                return self._apply(self._put(name, body))
+                return self._apply(self._put(name, body), name)
             if method == "DELETE" and name is not None and version is not None:
                 serving = self._serving(name, version)
                 if serving is not None:
                     return _refuse("version_serving", serving)
-                return self._apply(self._cores.catalogue.retire(name, version))
+                return self._apply(self._cores.catalogue.retire(name, version), name)
         except CatalogueError as exc:
             return _refuse("invalid_change", str(exc))
         except LookupError as exc:
@@ -137,8 +145,14 @@ class ModelsAdmin:
         check_change(self._cores.catalogue, catalogue)
         check_fits(catalogue, self._workers, self._most)
 
-    def _apply(self, catalogue: Catalogue) -> Answer:
+    def _apply(self, catalogue: Catalogue, name: str) -> Answer:
         self._check(catalogue)
+        try:  # kept before it is served: a change served is a change that lasts
+            self._overrides.record(self._cores.catalogue, catalogue, name)
+        except OSError as exc:
+            log.error("an admin change to %s was not kept, nothing changed: %s", name, exc)
+            return _refuse("change_not_kept", f"the change could not be kept ({exc}); "
+                           "nothing changed")
         self._serve(catalogue)
         return 200, self.view()
 
@@ -147,16 +161,24 @@ class ModelsAdmin:
         self._change(lambda now: cores.set_catalogue(catalogue, now))
 
     def reload(self) -> None:
-        """SIGHUP: serve the file as it is now; one that fails to load changes nothing."""
+        """SIGHUP: serve the file as it is now, the admin's changes laid over it; one that
+        fails to load changes nothing."""
         if self._path is None:
             return
         try:
-            catalogue = load_catalogue(self._path)
-            self._check(catalogue)
+            file = load_catalogue(self._path)
+            laid = self._overrides.merged(file)
+            try:
+                self._check(laid.catalogue)
+            except CatalogueError as exc:  # the file wins: served alone if it passes
+                laid = self._overrides.bare(file, f"they do not fit the new file ({exc})")
+                self._check(file)
         except (CatalogueError, OSError) as exc:
             log.error("the models file %s was not reloaded, nothing changed: %s",
                       self._path, exc)
             return
+        self._overrides.take(laid)
+        catalogue = laid.catalogue
         self._serve(catalogue)
         log.info("models reloaded from %s: %s", self._path,
                  ", ".join(catalogue.versions()))

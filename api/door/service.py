@@ -17,6 +17,7 @@ from anyio.abc import TaskStatus
 
 from api.config import Settings, StateKind, TierPolicy
 from api.door.limits import pressure_factor
+from api.door.overrides import Overrides
 from api.kept import (
     BackedStore,
     IdempotencyStore,
@@ -37,6 +38,7 @@ from failover.fleet import (
     Capacity,
     CapacityGauges,
     Catalogue,
+    CatalogueError,
     ModelCores,
     Scaler,
     ScalerSettings,
@@ -90,6 +92,19 @@ def catalogue_of(settings: Settings) -> Catalogue:
     if settings.models is not None:
         return load_catalogue(settings.models)
     return Catalogue.single(validate_spec(settings.model))
+
+
+def laid_over(overrides: Overrides, file: Catalogue, settings: Settings) -> Catalogue:
+    """What a core starts serving: `file` with the admin's kept changes, or `file` alone
+    where they no longer fit the pool (CatalogueError when the file itself does not)."""
+    laid = overrides.merged(file)
+    try:
+        check_fits(laid.catalogue, settings.workers.min, settings.workers.max)
+    except CatalogueError as exc:
+        laid = overrides.bare(file, f"they do not fit the pool ({exc})")
+        check_fits(file, settings.workers.min, settings.workers.max)
+    overrides.take(laid)
+    return laid.catalogue
 
 
 def load_of(settings: Settings, catalogue: Catalogue, version: VersionKey) -> Load:
@@ -154,12 +169,15 @@ class Service:
     def __init__(
         self, settings: Settings, observer: CoreObserver, tiers: dict[Tier, TierPolicy],
         pool: Pool | None = None, identity: CellIdentity | None = None,
+        overrides: Overrides | None = None,
     ) -> None:
+        """`overrides`: the admin's changes kept over the models file (None: none yet,
+        kept in memory)."""
         self.settings = settings
         self.clock = MonotonicClock()
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
-        self.catalogue = catalogue = catalogue_of(settings)
-        check_fits(catalogue, settings.workers.min, settings.workers.max)
+        self.overrides = overrides or Overrides(None)  # the admin's, over the file
+        self.catalogue = catalogue = laid_over(self.overrides, catalogue_of(settings), settings)
 
         def make_core(version: VersionKey, serving: Catalogue) -> DispatchCore:
             try:
@@ -187,7 +205,8 @@ class Service:
             account_share=settings.idempotency_account_share,
         )
         durable = build_state(settings)
-        self.kept = None if durable is None else BackedStore(memory, durable, self.clock)
+        self.kept = None if durable is None else BackedStore(memory, durable, self.clock,
+                                                             budgets=self.budgets)
         self.idempotency: IdempotencyStore = memory if self.kept is None else self.kept
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

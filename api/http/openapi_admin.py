@@ -74,12 +74,14 @@ def admin_workers() -> JsonObject:
 MODELS_REF = {"$ref": "#/components/schemas/Models"}
 MODELS_EXAMPLE = {"models": [{
     "name": "topics", "default": "v2", "serving_default": "v1", "weights": {},
-    "min_workers": 1, "max_workers": 4, "idle_unload_s": 600.0, "versions": [
+    "min_workers": 1, "max_workers": 4, "idle_unload_s": 600.0, "set_by_admin": ["default"],
+    "versions": [
         {"version": "v1", "spec": "minilm", "state": "resident", "resident_workers": 2,
-         "loading": 0, "queued": 3, "load_s": 4.2, "load_s_hint": None},
+         "loading": 0, "queued": 3, "load_s": 4.2, "load_s_hint": None,
+         "retired_by_admin": False},
         {"version": "v2", "spec": "mypkg.topics_v2:batchstring", "state": "loading",
          "resident_workers": 0, "loading": 1, "queued": 0, "load_s": None,
-         "load_s_hint": 40.0}]}]}
+         "load_s_hint": 40.0, "retired_by_admin": False}]}]}
 
 
 def models_schema() -> JsonObject:
@@ -90,9 +92,11 @@ def models_schema() -> JsonObject:
         "resident_workers": {"type": "integer"}, "loading": {"type": "integer"},
         "queued": {"type": "integer"},
         "load_s": {**maybe, "description": "measured load time (null: none yet)"},
-        "load_s_hint": {**maybe, "description": "the catalogue's hint"}},
+        "load_s_hint": {**maybe, "description": "the catalogue's hint"},
+        "retired_by_admin": {"type": "boolean", "description": "retired by the admin API, "
+                             "not by the file (kept across reloads and restarts)"}},
         ["version", "spec", "state", "resident_workers", "loading", "queued", "load_s",
-         "load_s_hint"])
+         "load_s_hint", "retired_by_admin"])
     model = json_object({
         "name": string(), "default": string(),
         "serving_default": {"type": ["string", "null"], "description": "the version a "
@@ -100,9 +104,12 @@ def models_schema() -> JsonObject:
                             "new one is resident (or the rollout timeout passed)"},
         "weights": {"type": "object", "additionalProperties": {"type": "integer"}},
         "min_workers": {"type": "integer"}, "max_workers": {"type": ["integer", "null"]},
-        "idle_unload_s": {"type": "number"}, "versions": {"type": "array", "items": version}},
+        "idle_unload_s": {"type": "number"}, "versions": {"type": "array", "items": version},
+        "set_by_admin": {"type": "array", "items": {"type": "string", "enum": ["default", "weights",
+                                            "min_workers", "max_workers"]},
+                         "description": "the settings the admin API set, over the file's"}},
         ["name", "default", "serving_default", "weights", "min_workers", "max_workers",
-         "idle_unload_s", "versions"])
+         "idle_unload_s", "versions", "set_by_admin"])
     refused = json_object({"file": string(), "reason": string()}, ["file", "reason"])
     return json_object({
         "models": {"type": "array", "items": model},
@@ -153,7 +160,8 @@ def admin_change() -> JsonObject:
     out = _admin("change a model's default, weights or worker bounds (only versions the "
                  "catalogue names; a change that leaves it invalid changes nothing)",
                  MODELS_REF, {400: ("invalid_request",), 404: ("not_found",),
-                              413: ("body_too_large",), 422: ("invalid_change",)},
+                              413: ("body_too_large",), 422: ("invalid_change",),
+                              503: ("change_not_kept",)},
                  path=("name",))
     out["requestBody"] = {"required": True, "content": {JSON: {
         "schema": {"$ref": "#/components/schemas/ModelChange"},
@@ -167,7 +175,8 @@ def admin_retire() -> JsonObject:
     return _admin("retire a version: no new requests, its queue finishes, then it is "
                   "unloaded (never the default, nor a version that still serves traffic)",
                   MODELS_REF, {404: ("not_found",), 409: ("version_serving",),
-                               422: ("invalid_change",)}, path=("name", "version"))
+                               422: ("invalid_change",), 503: ("change_not_kept",)},
+                  path=("name", "version"))
 
 
 __all__ = ["CAPACITY", "MODELS_EXAMPLE", "VERSION_STATES", "WORKER_FIELDS", "WORKER_STATES",

@@ -11,7 +11,8 @@ from api.errors import ERRORS
 JsonObject = dict[str, Any]
 ERROR_REF = "#/components/schemas/Error"
 JSON = "application/json"
-ADMIN_ONLY = frozenset({"invalid_change", "version_serving"})  # only the admin API's
+ADMIN_ONLY = frozenset({"invalid_change", "version_serving",  # only the admin API's
+                        "change_not_kept"})
 
 
 def error_answer(status: int, hot: bool = False,

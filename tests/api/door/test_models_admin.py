@@ -88,12 +88,14 @@ def test_get_shows_each_models_settings_and_each_versions_state() -> None:
     topics = view["models"][0]
     assert {k: v for k, v in topics.items() if k != "versions"} == {
         "name": "topics", "default": "v1", "serving_default": "v1", "weights": {},
-        "min_workers": 1, "max_workers": 3, "idle_unload_s": 600.0}
+        "min_workers": 1, "max_workers": 3, "idle_unload_s": 600.0, "set_by_admin": []}
     assert topics["versions"] == [
         {"version": "v1", "spec": "sim", "state": "resident", "resident_workers": 2,
-         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": 2.0},
+         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": 2.0,
+         "retired_by_admin": False},
         {"version": "v2", "spec": "sim", "state": "cold", "resident_workers": 0,
-         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": None}]
+         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": None,
+         "retired_by_admin": False}]
     assert admin.api.states() == {"topics@v1": "resident", "topics@v2": "cold",
                                   "other@v1": "resident"}
     assert orjson.loads(orjson.dumps(view)) == view  # plain values: it crosses the link

@@ -75,7 +75,7 @@ def test_the_admin_api_of_the_models_is_documented_with_its_own_codes() -> None:
     codes = {code for op in operations for status, response in op["responses"].items()
              if status != "200" for code in codes_of(response)}
     assert codes == {"unauthorized", "invalid_request", "not_found", "body_too_large",
-                     "invalid_change", "version_serving"}
+                     "invalid_change", "version_serving", "change_not_kept"}
     assert {c for c, e in ERRORS.items() if e.status not in (404, 405)} <= codes | {
         c for r in paths["/v1/batchstring"]["post"]["responses"].values()
         if "content" in r and "allOf" in r["content"]["application/json"]["schema"]
