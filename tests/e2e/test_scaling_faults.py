@@ -1,6 +1,6 @@
 """Four workers under load, two of them SIGKILLed while their model refuses to load (a lost
-device): paid is never refused, free is shed with a computed Retry-After that never points
-past the pool's return, the pool is back to four once loads succeed again and serves free
+device): paid is never refused, free is shed with a Retry-After that never points past the
+pool's return (and, once the restarts keep failing, promises none of them), the pool is back to four once loads succeed again and serves free
 again while the load goes on, and nothing is lost.
 
 The issue's 2,000 RPS on four workers of 1,000 items/s, scaled to this machine's generator:
@@ -64,11 +64,11 @@ def test_free_is_shed_with_a_computed_retry_after(run: Outage) -> None:
     assert refused, "no free request was shed while half the pool was gone"
     assert all(w.retry_after is not None for w in refused)
     values = sorted({w.retry_after for w in refused if w.retry_after is not None})
-    # Computed from when the failed restarts are expected up (the ledger's ETA: the pool's
-    # backoff, capped, plus a load), not a constant second and never past that cap. How
-    # close each one came to the pool's return is a figure on a busy machine:
-    # `python -m loadtest.scale_outage` prints it.
-    assert values != [1.0], f"every Retry-After was 1 s: {len(refused)} refusals"
+    # While the restarts are expected up the ledger's ETA says when (the pool's backoff,
+    # capped, plus a load); once the version's loads have failed FAILED_LOADS times in a row
+    # no capacity is promised (issue 40, item 16) and the door says its own short wait. So
+    # whether any refusal still carried the ETA depends on how fast the restarts failed:
+    # never past that cap is what holds. `python -m loadtest.scale_outage` prints them.
     assert run.back_at is not None
     most = Backoff().cap + LOAD_S + SLACK_S
     assert max(values) <= most, (values, most)
