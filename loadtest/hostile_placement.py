@@ -26,7 +26,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadtest.server import running_server
+from loadtest.server import code_of, running_server
 
 PAID = {"Authorization": "Bearer paid-demo-key", "X-Request-Timeout-Ms": "5000"}
 FREE = {"Authorization": "Bearer free-demo-key", "X-Request-Timeout-Ms": "5000"}
@@ -43,15 +43,6 @@ idle_unload_s = 2
 spec = "sim"
 load_s = 0.5
 """
-
-
-def code(r: httpx.Response) -> str:
-    if r.status_code == 200:
-        return "200"
-    try:
-        return f"{r.status_code} {r.json()['error']['code']}"
-    except (ValueError, KeyError, TypeError):
-        return str(r.status_code)
 
 
 def holding(client: httpx.Client) -> Counter[str]:
@@ -74,7 +65,7 @@ async def offer(url: str, free_rps: float, seconds: float) -> tuple[Counter[str]
                     cold["lost"] += 1
                 return
             if keep:
-                cold[code(r)] += 1
+                cold[code_of(r)] += 1
                 took.append(time.monotonic() - t0)
 
         async def paced(rps: float, model: str, headers: dict[str, str], keep: bool) -> None:

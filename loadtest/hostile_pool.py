@@ -33,7 +33,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadtest.server import fetch_metrics, metric, running_server
+from loadtest.server import code_of, fetch_metrics, metric, running_server
 
 PAID = {"Authorization": "Bearer paid-demo-key"}
 WARM_BATCHES = 20  # past the 16 answered batches the hang detector learns from
@@ -54,15 +54,6 @@ class Run:
     hostile: dict[str, int] = field(default_factory=dict)
     crashes: float = 0.0
     hangs: float = 0.0
-
-
-def code_of(r: httpx.Response) -> str:
-    if r.status_code == 200:
-        return "200"
-    try:
-        return f"{r.status_code} {r.json()['error']['code']}"
-    except (ValueError, KeyError, TypeError):
-        return str(r.status_code)
 
 
 async def drive(url: str, seconds: float, paid_rps: float, hostile_every: float,

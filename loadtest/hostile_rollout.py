@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.server import running_server
+from loadtest.server import code_of, running_server
 
 PAID = {"Authorization": "Bearer paid-demo-key", "X-Request-Timeout-Ms": "5000"}
 ADMIN = {"Authorization": "Bearer admin-demo-key"}
@@ -41,15 +41,6 @@ load_s = 1
 """
 
 
-def code(r: httpx.Response) -> str:
-    if r.status_code == 200:
-        return "200"
-    try:
-        return f"{r.status_code} {r.json()['error']['code']}"
-    except (ValueError, KeyError, TypeError):
-        return str(r.status_code)
-
-
 def run(root: Path, seconds: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "models.toml"
@@ -58,7 +49,7 @@ def run(root: Path, seconds: float) -> dict[str, object]:
         with running_server(workers=2, args=args, cwd=root) as srv, \
                 httpx.Client(base_url=srv.url, timeout=30) as client:
             r = client.put("/admin/models/m", json={"default": "v2"}, headers=ADMIN)
-            put = code(r)
+            put = code_of(r)
             to_m: Counter[str] = Counter()
             to_v2: Counter[str] = Counter()
             slowest_v2 = 0.0
@@ -72,10 +63,10 @@ def run(root: Path, seconds: float) -> dict[str, object]:
                 answer = client.post("/v1/batchstring", json=body, headers=PAID)
                 took = time.monotonic() - t0
                 if body["model"] == "m@v2":
-                    to_v2[code(answer)] += 1
+                    to_v2[code_of(answer)] += 1
                     slowest_v2 = max(slowest_v2, took)
                 else:
-                    to_m[code(answer)] += 1
+                    to_m[code_of(answer)] += 1
                 n += 1
                 time.sleep(max(0.0, (n * 0.5) - (time.monotonic() - began)))  # 2/s paced
             workers = client.get("/admin/workers", headers=ADMIN).json()["workers"]

@@ -20,6 +20,10 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the module itself needs no HTTP client
+    import httpx
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?)\s+(\S+)")
 
@@ -204,6 +208,16 @@ def core_pid(server: RunningServer) -> int | None:
 def door_pid(server: RunningServer) -> int:
     """The process that runs the door: a cell's core process, or the single process."""
     return core_pid(server) or server.pid
+
+
+def code_of(r: httpx.Response) -> str:
+    """An answer as the hostile scripts count it: "200", or its status and error code."""
+    if r.status_code == 200:
+        return "200"
+    try:
+        return f"{r.status_code} {r.json()['error']['code']}"
+    except (ValueError, KeyError, TypeError):
+        return str(r.status_code)
 
 
 def fetch_metrics(url: str, timeout_s: float = 5.0) -> dict[str, float]:

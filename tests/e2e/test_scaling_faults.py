@@ -1,14 +1,8 @@
 """Four workers under load, two of them SIGKILLed while their model refuses to load (a lost
 device): paid is never refused, free is shed with a Retry-After that never points past the
-pool's return (and, once the restarts keep failing, promises none of them), the pool is back to four once loads succeed again and serves free
-again while the load goes on, and nothing is lost.
-
-The issue's 2,000 RPS on four workers of 1,000 items/s, scaled to this machine's generator:
-batches of at most 40 items (400 items/s a worker) and 800 RPS, half the pool's capacity; with
-two workers gone the load is all two can drain, so free must be shed for paid to keep its
-budget. One run of `loadtest.scale_outage` serves the module; the figures that depend on the
-machine's pace (paid latency against its budget, how soon refusals stopped) are what
-`python -m loadtest.scale_outage` prints.
+pool's return (and, once the restarts keep failing, promises none of them), the pool is
+back to four once loads succeed again and serves free again while the load goes on, and
+nothing is lost.
 """
 
 from __future__ import annotations
