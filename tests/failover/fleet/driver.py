@@ -337,8 +337,9 @@ class World:
         assert not any(s.state == "loading" and s.version == to for s in self.slots), (
             f"a second load of {to} at once (a switch's, or a dead worker's restart)")
         self.switches.append((self.now, worker, old, to))
+        judged = self.spy.judged_load_s.pop(worker, None)  # when placement decided it
         if old in self.cores.catalogue.versions():
-            stay = PLACEMENT.min_resident(self.load_s(old))
+            stay = PLACEMENT.min_resident(self.load_s(old) if judged is None else judged)
             assert self.now >= slot.since + stay - 1e-9, (
                 f"{old} switched away {self.now - slot.since:.3f} s after its load "
                 f"(minimum {stay:.3f} s)")

@@ -92,6 +92,7 @@ class Spy:
         self.cores: ModelCores | None = None
         self.serving: dict[str, str | None] = {}
         self.flips: list[tuple[str, str, str, int, int]] = []  # model, old, new, on new, on old
+        self.judged_load_s: dict[WorkerId, float] = {}  # a switched worker: its version's load_s
 
     def note(self) -> None:
         """The serving defaults now are the baseline (a catalogue change moved them)."""
@@ -111,7 +112,12 @@ class Spy:
                     f"{name}'s default moved to {new} on {on[new]} workers, the old "
                     f"{old} on {on[old]}")
             self.serving[name] = now_serving
-        return self.inner.decide(now, workers, versions)
+        switches = self.inner.decide(now, workers, versions)
+        load_s = {v.version: v.load_s for v in versions}
+        held = {w.worker: w.version for w in workers}
+        for switch in switches:  # the residency it was judged by: a load measured later in
+            self.judged_load_s[switch.worker] = load_s[held[switch.worker]]  # the turn moves it
+        return switches
 
     def next_check(self, now: float, workers: Sequence[WorkerView],
                    versions: Sequence[VersionView]) -> float:
