@@ -54,7 +54,8 @@ class FlushReason(enum.Enum):
 
 
 NAME_MAX = 64  # characters of a model or version name: as many as a request may name
-_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{NAME_MAX}}}")
+NAME_PATTERN = rf"[A-Za-z0-9_.-]{{1,{NAME_MAX}}}"  # a model's or a version's name
+_NAME = re.compile(NAME_PATTERN)
 _SHOWN = 64  # characters of a text quoted back in an error
 
 
@@ -140,5 +141,5 @@ class Item:
         self.sink.item_done(self, result)
 
 
-__all__ = ["LANE_OF", "MAX_BATCH", "NAME_MAX", "FlushReason", "Item", "ItemId", "ItemSink",
-           "Lane", "Tier", "VersionKey"]
+__all__ = ["LANE_OF", "MAX_BATCH", "NAME_MAX", "NAME_PATTERN", "FlushReason", "Item", "ItemId",
+           "ItemSink", "Lane", "Tier", "VersionKey"]

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import orjson
 
 from api.errors import ApiError
+from batcher import NAME_PATTERN
 
-MODEL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}(@[A-Za-z0-9_.-]{1,64})?")
+MODEL_NAME = re.compile(rf"{NAME_PATTERN}(@{NAME_PATTERN})?")
 """`model` as a request names it: a model of the catalogue, or model@version. Which ones
 are served is the core's to say (a gateway holds no catalogue)."""
 
