@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from loadtest.server import core_pid, is_ready, running_server
+from loadtest.server import core_pid, gateway_of, is_ready, running_server
 
 MODELS = '[models.a]\n[models.a.versions.v1]\nspec = "sim"\n'
 KEYS = Path(__file__).parents[1] / "examples" / "keys.toml"
@@ -96,18 +96,6 @@ def stopped_supervisor(root: Path, stop_s: float) -> dict[str, object]:
             ready_again}
 
 
-def _health(sock: socket.socket) -> int | None:
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    while len(body) < length and (chunk := sock.recv(65536)):
-        body += chunk
-    return None if head.startswith(b"HTTP/1.1 503") else int(json.loads(body)["gateway"])
-
-
 def spread(root: Path, connections: int) -> dict[str, int]:
     args = ["--gateways", "2", "--max-connections", str(connections)]
     held: Counter[str] = Counter()
@@ -116,7 +104,7 @@ def spread(root: Path, connections: int) -> dict[str, int]:
                  for _ in range(connections)]
         try:
             for sock in socks:
-                slot = _health(sock)
+                slot = gateway_of(sock)
                 held["refused" if slot is None else f"gateway {slot}"] += 1
         finally:
             for sock in socks:

@@ -38,7 +38,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from loadtest.server import running_server, start_server, stop_server
+from loadtest.server import gateway_of, running_server, start_server, stop_server
 
 PAID = {"Authorization": "Bearer paid-demo-key"}
 
@@ -149,18 +149,6 @@ async def group_sigterm(root: Path, gateways: int, clients: int, per_client: int
     }
 
 
-def _health(sock: socket.socket) -> int | None:
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-    data = b""
-    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    while len(body) < length and (chunk := sock.recv(65536)):
-        body += chunk
-    return None if head.startswith(b"HTTP/1.1 503") else int(json.loads(body)["gateway"])
-
-
 def idle_connections(root: Path, gateways: int, limit: int, opened: int) -> dict[str, object]:
     args = ["--gateways", str(gateways), "--max-connections", str(limit)]
     held: Counter[str] = Counter()
@@ -169,7 +157,7 @@ def idle_connections(root: Path, gateways: int, limit: int, opened: int) -> dict
         try:
             for _ in range(opened):
                 socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
-                slot = _health(socks[-1])
+                slot = gateway_of(socks[-1])
                 held["refused" if slot is None else f"gateway {slot}"] += 1
         finally:
             for sock in socks:

@@ -8,6 +8,7 @@ workers; `stop()` drains it with SIGTERM and says which of its processes outlive
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -208,6 +209,19 @@ def core_pid(server: RunningServer) -> int | None:
 def door_pid(server: RunningServer) -> int:
     """The process that runs the door: a cell's core process, or the single process."""
     return core_pid(server) or server.pid
+
+
+def gateway_of(sock: socket.socket) -> int | None:
+    """GET /healthz on a held connection: the gateway it reached (None: a 503)."""
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length and (chunk := sock.recv(65536)):
+        body += chunk
+    return None if head.startswith(b"HTTP/1.1 503") else int(json.loads(body)["gateway"])
 
 
 def code_of(r: httpx.Response) -> str:

@@ -116,7 +116,7 @@ class Capacity:
                                       pool_throughput(views, horizon))
         adding: Counter[VersionKey] = Counter()
         for _ in range(decision.up):
-            version = self._grow_into(views, adding)
+            version = neediest(views, adding)
             if version is None:
                 break
             adding[version] += 1
@@ -131,27 +131,6 @@ class Capacity:
         if out.take_back is not None or out.retire is not None:
             self.events[("down", str(decision.reason))] += 1
         return out
-
-    @staticmethod
-    def _grow_into(views: Sequence[VersionView], adding: Counter[VersionKey]
-                   ) -> VersionKey | None:
-        """The version that most needs another worker: the highest demand per worker (up
-        and on their way, in workers busy at its throughput), within its model's
-        max_workers; ties to the first."""
-        per_model: Counter[str] = Counter()
-        for v in views:
-            per_model[v.model] += v.resident + v.loading + adding[v.version]
-        best, best_key = None, None
-        for order, v in enumerate(views):
-            if v.retired or not v.wanted or v.failing:
-                continue
-            if v.max_workers is not None and per_model[v.model] >= v.max_workers:
-                continue
-            workers = v.resident + v.loading + adding[v.version]
-            key = (-(v.rate + v.queued) / (v.throughput.per_worker * (workers + 1)), order)
-            if best_key is None or key < best_key:
-                best, best_key = v.version, key
-        return best
 
     @staticmethod
     def _take_back(views: Sequence[VersionView], ledger: Ledger) -> StartId | None:
@@ -194,4 +173,29 @@ class Capacity:
                               ledger.next_eta(now), dict(self.events))
 
 
-__all__ = ["STEP_S", "Capacity", "CapacityGauges", "Idle", "Scaling", "pool_throughput"]
+def neediest(views: Sequence[VersionView], adding: Counter[VersionKey] | None = None,
+             floors_first: bool = False) -> VersionKey | None:
+    """The version that most needs another worker: the highest demand per worker (up, loading
+    and `adding`, in workers busy at its throughput), within its model's max_workers, never
+    a retired, unwanted or failing one; ties to the first. `floors_first`: a model below its
+    min_workers before any other."""
+    adding = adding if adding is not None else Counter()
+    per_model: Counter[str] = Counter()
+    for v in views:
+        per_model[v.model] += v.resident + v.loading + adding[v.version]
+    best, best_key = None, None
+    for order, v in enumerate(views):
+        if v.retired or not v.wanted or v.failing:
+            continue
+        if v.max_workers is not None and per_model[v.model] >= v.max_workers:
+            continue
+        workers = v.resident + v.loading + adding[v.version]
+        key = (floors_first and per_model[v.model] >= v.min_workers,
+               -(v.rate + v.queued) / (v.throughput.per_worker * (workers + 1)), order)
+        if best_key is None or key < best_key:
+            best, best_key = v.version, key
+    return best
+
+
+__all__ = ["STEP_S", "Capacity", "CapacityGauges", "Idle", "Scaling", "neediest",
+           "pool_throughput"]

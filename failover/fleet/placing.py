@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from batcher import VersionKey
 from failover import CoreActions, DispatchCore
-from failover.fleet.capacity import Idle
+from failover.fleet.capacity import Idle, neediest
 from failover.fleet.failing import Failing
 from failover.fleet.placement import (
     Placement,
@@ -153,26 +153,10 @@ class Placing:
         return out
 
     def replacement(self, now: float) -> VersionKey | None:
-        """What a slot whose version's loads keep failing loads instead: a live version
-        wanted and not failing, within its model's max_workers, a model below its floor
-        first, then the most demand per worker it would have (ties: catalogue order); None
-        if there is none (the slot keeps trying what it holds)."""
-        views = self.views(now)
-        per_model = Counter[str]()
-        for v in views:
-            per_model[v.model] += v.resident + v.loading
-        best, best_key = None, None
-        for order, v in enumerate(views):
-            if v.retired or not v.wanted or v.failing:
-                continue
-            if v.max_workers is not None and per_model[v.model] >= v.max_workers:
-                continue
-            workers = v.resident + v.loading
-            key = (per_model[v.model] >= v.min_workers,
-                   -(v.rate + v.queued) / (v.throughput.per_worker * (workers + 1)), order)
-            if best_key is None or key < best_key:
-                best, best_key = v.version, key
-        return best
+        """What a slot whose version's loads keep failing loads instead: the version that
+        most needs a worker, as the scaling rule grows into, a model below its floor first;
+        None if there is none (the slot keeps trying what it holds)."""
+        return neediest(self.views(now), floors_first=True)
 
     def _resident(self, version: VersionKey) -> int:
         core = self._cores.get(version)
