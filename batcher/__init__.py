@@ -32,6 +32,7 @@ from batcher.types import (
     ItemId,
     ItemSink,
     Lane,
+    Tag,
     Tier,
     VersionKey,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "QueueFull",
     "QueueStatistics",
     "RateMeter",
+    "Tag",
     "Throughput",
     "Tier",
     "TierQueues",

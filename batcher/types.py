@@ -110,6 +110,12 @@ class ItemSink(Protocol):
     def item_done(self, item: Item, result: str | BaseException) -> None: ...
 
 
+Tag = tuple[str, str, int]
+"""A keyed input's name across a core's death: (account, Idempotency-Key, index). A batch
+carries its inputs' tags to the worker, which keeps the answers of its last keyed batches
+for the next core (`gpu_pool.Salvage`): a resent request is answered from them."""
+
+
 @dataclass(slots=True, eq=False)
 class Item:
     """One input string on its way through the queue, a batch, and back to its sink.
@@ -135,6 +141,7 @@ class Item:
     done: bool = False  # answered, or failed for good: a twin batch's answer is dropped
     caller: str | None = None  # whose it is (an account), charged if it kills workers
     version: VersionKey | None = None  # the version it runs on; None: the first model's
+    tag: Tag | None = None  # a keyed input's name, which its batch carries to the worker
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""
@@ -142,4 +149,4 @@ class Item:
 
 
 __all__ = ["LANE_OF", "MAX_BATCH", "NAME_MAX", "NAME_PATTERN", "FlushReason", "Item", "ItemId",
-           "ItemSink", "Lane", "Tier", "VersionKey"]
+           "ItemSink", "Lane", "Tag", "Tier", "VersionKey"]

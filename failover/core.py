@@ -447,8 +447,8 @@ class DispatchCore:
                 group = table.next_group(now, self._group_may_run)
                 if group is not None:
                     self._sent_at[group.worker] = now
-                    out.send.append(Send(group.worker, Run(group.batch_id, group.texts), None,
-                                         version=self.version))
+                    run = Run(group.batch_id, group.texts, group.tags)
+                    out.send.append(Send(group.worker, run, None, version=self.version))
                     continue
             if needed < 0:
                 needed = self._needed(now)
@@ -469,7 +469,7 @@ class DispatchCore:
                 item.dispatched, item.batch = now, d.batch_id
             self._sent_at[d.worker] = now
             gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
-            out.send.append(Send(d.worker, Run(d.batch_id, d.texts), cut.reason, gap,
+            out.send.append(Send(d.worker, Run(d.batch_id, d.texts, d.tags), cut.reason, gap,
                                  self.version))
         return out
 

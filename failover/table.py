@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from batcher import Item, Tier
+from batcher import Item, Tag, Tier
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
 from failover.groups import Group, Lineage, Rerun
 from failover.hang import BatchTimes
@@ -75,6 +75,7 @@ class Dispatch:
     batch_id: BatchId
     worker: WorkerId
     texts: tuple[str, ...]
+    tags: tuple[Tag | None, ...] | None = None  # None: no input of it is keyed
 
 
 @dataclass(slots=True)
@@ -215,10 +216,11 @@ class InFlightTable:
         self._busy[worker] = batch_id
         texts = tuple(i.text for i in items)
         chars = sum(map(len, texts))
-        hedge = group is None
+        hedge, tagged = group is None, False
         for item in items:
             item.flights += 1
             hedge = hedge and item.attempts == 0
+            tagged = tagged or item.tag is not None
         times = self.times
         flight = InFlight(
             batch_id, worker, items, now, now + times.kill_after(chars),
@@ -228,7 +230,8 @@ class InFlightTable:
             flight.lineage, flight.kind, flight.twin = group.lineage, group.kind, group.twin
             flight.stall_deadline = now + times.stall_after(chars)
         self._batches[batch_id] = flight
-        return Dispatch(batch_id, worker, texts)
+        return Dispatch(batch_id, worker, texts,
+                        tuple(i.tag for i in items) if tagged else None)
 
     # -- answers -------------------------------------------------------------------------
     def on_ok(

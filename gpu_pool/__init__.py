@@ -21,7 +21,7 @@ from gpu_pool.models import (
     uses_gpu,
     validate_spec,
 )
-from gpu_pool.pool import PoolSettings, WorkerPool
+from gpu_pool.pool import WorkerPool
 from gpu_pool.protocol import BatchId, Err, Ok, Origin, Ready, Run, StartId, Stop, WorkerId
 from gpu_pool.ray_settings import (
     CELL_ID_ENV,
@@ -30,7 +30,9 @@ from gpu_pool.ray_settings import (
     RayPoolSettings,
     parse_resources,
 )
+from gpu_pool.salvage import Salvage
 from gpu_pool.seam import Pool, PoolEvents, WorkerInfo
+from gpu_pool.settings import PoolSettings
 from gpu_pool.slots import SlotState
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch, worker_main
 
@@ -53,6 +55,7 @@ __all__ = [
     "RayPoolSettings",
     "Ready",
     "Run",
+    "Salvage",
     "SlotState",
     "StartId",
     "Stop",

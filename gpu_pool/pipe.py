@@ -84,4 +84,13 @@ async def open_pipe(conn: Connection, on_messages: Callable[[list[Any]], None],
     return pipe
 
 
-__all__ = ["WorkerPipe", "open_pipe"]
+async def open_socket(path: str, on_messages: Callable[[list[Any]], None],
+                      on_lost: Callable[[], None]) -> WorkerPipe:
+    """Connect to a live worker listening at `path` (`gpu_pool.lasting`), as a `WorkerPipe`;
+    OSError when nothing listens there."""
+    _, pipe = await asyncio.get_running_loop().create_unix_connection(
+        lambda: WorkerPipe(on_messages, on_lost), path)
+    return pipe
+
+
+__all__ = ["WorkerPipe", "open_pipe", "open_socket"]

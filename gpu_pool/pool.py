@@ -19,6 +19,12 @@ once it has exited its slot starts a process loading the other version under a n
 id (`Slots.switch`): restarting the process is what frees all the memory the old version
 held.
 
+In a cell (`PoolSettings.attach`) the workers outlive the core (`gpu_pool.lasting`): the next
+core's pool finds each slot's live worker and attaches to it instead of starting one, its
+model loaded, whichever version it holds if the catalogue names it (`gpu_pool.attach`), and
+keeps what it ran for keyed requests of the dead core (`gpu_pool.salvage`); one of a slot
+beyond the first `workers`, or holding a version not named, is ended.
+
 The core scales the pool (`gpu_pool.slot_pool`): a slot added is pinned to the lowest
 device no other slot holds (the core never asks for more workers than devices), and on the
 CPU the threads are split among the slots there are as it starts. A retired worker is let
@@ -40,12 +46,15 @@ from multiprocessing.process import BaseProcess
 import anyio
 from anyio.abc import TaskStatus
 
-from batcher.shared import Backoff
-from gpu_pool.load import DEFAULT_VERSION, Load
-from gpu_pool.memory import MIB, MemoryBound, resident_bytes
-from gpu_pool.pipe import WorkerPipe, open_pipe
-from gpu_pool.protocol import Err, Ok, Ready, Run, Stop, WorkerId
+from gpu_pool.attach import AttachedProcess, Found, attachable, leave
+from gpu_pool.lasting import Stay
+from gpu_pool.load import Load
+from gpu_pool.memory import MIB, resident_bytes
+from gpu_pool.pipe import WorkerPipe, open_pipe, open_socket
+from gpu_pool.protocol import Attached, Err, Ok, Ready, Run, Salvaged, Stop, WorkerId
+from gpu_pool.salvage import Salvage
 from gpu_pool.seam import PoolEvents, Unstarted
+from gpu_pool.settings import PoolSettings
 from gpu_pool.slot_pool import SlotPool
 from gpu_pool.slots import Slot, Slots, SlotState
 from gpu_pool.worker import WorkerConfig, worker_main
@@ -54,60 +63,17 @@ log = logging.getLogger("batchgate.pool")
 STOP_GRACE_S = 10.0  # for a replaced (or switched) worker to exit once told to stop
 
 
-@dataclass(frozen=True, slots=True)
-class PoolSettings:
-    """`model`: the one model's spec, every slot's when `loads` is empty. `loads`: the
-    version each slot starts with, one per worker. `latency_floor`: seconds every batch is
-    padded to, for every load naming no floor of its own; None: each spec's default."""
-
-    model: str
-    workers: int
-    latency_floor: float | None = None
-    gpus: int = 0  # CUDA devices present; the first workers are pinned round-robin
-    ready_timeout: float = 300.0
-    restart_backoff: float = 0.5
-    restart_backoff_max: float = 30.0
-    stable_after: float = 30.0  # a worker alive this long resets its slot's backoff
-    restart: bool = True
-    max_rss_mb: int | None = None  # a worker holding more is replaced between batches
-    loads: tuple[Load, ...] = ()  # each slot's first version; (): `model` on every slot
-
-    @property
-    def memory(self) -> MemoryBound:
-        return MemoryBound(self.max_rss_mb)
-
-    @property
-    def backoff(self) -> Backoff:
-        """When a dead slot starts again, in every pool."""
-        return Backoff(first=self.restart_backoff, cap=self.restart_backoff_max,
-                       stable_after=self.stable_after)
-
-    def slot_loads(self) -> tuple[Load, ...]:
-        """The version each slot starts with."""
-        return self.loads or (Load(DEFAULT_VERSION, self.model),) * self.workers
-
-    def floor(self, load: Load) -> float:
-        """Seconds every batch of `load` is padded to."""
-        return load.floor(self.latency_floor)
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1, got {self.workers}")
-        if self.latency_floor is not None and self.latency_floor < 0:
-            raise ValueError("batch latency floor must be >= 0")
-        if self.loads and len(self.loads) != self.workers:
-            raise ValueError(f"{len(self.loads)} loads for {self.workers} workers: name one "
-                             "per worker")
-        MemoryBound(self.max_rss_mb)  # raises on a bound under 1 MiB
+Process = BaseProcess | AttachedProcess
 
 
 @dataclass(slots=True)
 class _Slot(Slot):
-    process: BaseProcess | None = None
+    process: Process | None = None
     pipe: WorkerPipe | None = None  # owns the parent's end of the worker's pipe
     ready: anyio.Event = field(default_factory=anyio.Event)
     exited: anyio.Event = field(default_factory=anyio.Event)
-    retired: BaseProcess | None = None  # replaced or switched, told to stop, not yet exited
+    retired: Process | None = None  # replaced or switched, told to stop, not yet exited
+    found: Found | None = None  # an earlier core's live worker, attached at the first start
     gpu: int | None = None  # the CUDA device its workers are pinned to; None on the CPU
     launching: bool = False  # `_start` is spawning its process, not yet watched
 
@@ -115,8 +81,10 @@ class _Slot(Slot):
 class WorkerPool(SlotPool[_Slot]):
     """The process pool: the first implementation of `gpu_pool.seam.Pool`."""
 
-    def __init__(self, settings: PoolSettings) -> None:
+    def __init__(self, settings: PoolSettings, salvage: Salvage | None = None) -> None:
         self._settings = settings
+        # What attached workers ran for a dead core's keyed requests.
+        self.salvage = salvage if salvage is not None else Salvage()
         self._memory = settings.memory
         self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
@@ -133,6 +101,10 @@ class WorkerPool(SlotPool[_Slot]):
     ) -> None:
         """Start every slot, then restart dead ones until cancelled; stops workers on exit."""
         self._events = events
+        if self._settings.attach is not None:  # an earlier core's workers, still live
+            found = attachable(self._settings.attach, [s.index for s in self._slots])
+            for slot in self._slots:
+                slot.found = found.get(slot.index)
         try:
             await self._slots.keep_started(self._start, task_status=task_status)
         finally:
@@ -211,17 +183,12 @@ class WorkerPool(SlotPool[_Slot]):
             return
         # The core never saw a replaced worker go: it keeps its id.
         worker = slot.worker if slot.replacing else self._slots.begin(slot)
-        load = slot.load
-        assert load is not None  # every slot of this pool is given one
-        staying = sum(not s.leaving for s in self._slots)
-        config = WorkerConfig(
-            model=load.spec, gpu=slot.gpu,
-            threads=max(1, (os.cpu_count() or 1) // max(1, staying)),
-            latency_floor=self._settings.floor(load), version=load.version,
-        )
+        found, slot.found = slot.found, None
         slot.launching = True
         try:
-            process = await self._launch(slot, worker, config)
+            process = None if found is None else await self._attach(slot, worker, found)
+            if process is None:
+                process = await self._launch(slot, worker, self._config(slot))
         finally:
             slot.launching = False
         if process is None:  # could not spawn: retried (`_spawn_failed`), unless taken back
@@ -237,6 +204,41 @@ class WorkerPool(SlotPool[_Slot]):
                       self._settings.ready_timeout)
             process.kill()
 
+    def _config(self, slot: _Slot) -> WorkerConfig:
+        load = slot.load
+        assert load is not None  # every slot of this pool is given one
+        staying = sum(not s.leaving for s in self._slots)
+        return WorkerConfig(
+            model=load.spec, gpu=slot.gpu,
+            threads=max(1, (os.cpu_count() or 1) // max(1, staying)),
+            latency_floor=self._settings.floor(load), version=load.version,
+        )
+
+    async def _attach(self, slot: _Slot, worker: WorkerId, found: Found) -> Process | None:
+        """Connect to an earlier core's live worker and watch it; None when it is gone
+        (the slot then starts one)."""
+        try:
+            process = AttachedProcess(found.pid)
+        except OSError:
+            leave(found)
+            return None
+        slot.ready, slot.exited = anyio.Event(), anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):  # as in `_launch`
+                pipe = await open_socket(str(found.path),
+                                         functools.partial(self._handle, slot, worker),
+                                         functools.partial(self._lost, slot, worker))
+        except OSError as exc:
+            log.warning("could not attach to worker pid %d (%s); starting another",
+                        found.pid, exc)
+            process.kill()
+            process.close()
+            leave(found)
+            return None
+        slot.process, slot.pipe, slot.pid = process, pipe, found.pid
+        asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, slot, worker)
+        return process
+
     async def _launch(
         self, slot: _Slot, worker: WorkerId, config: WorkerConfig
     ) -> BaseProcess | None:
@@ -247,9 +249,11 @@ class WorkerPool(SlotPool[_Slot]):
         except OSError as exc:
             self._spawn_failed(slot, exc)
             return None
+        attach = self._settings.attach
+        stay = None if attach is None else Stay(attach, slot.index, keeper=os.getppid())
         process = self._ctx.Process(
-            target=worker_main, args=(child, config), name=f"batchgate-worker-{slot.index}",
-            daemon=True,
+            target=worker_main, args=(child, config, stay),
+            name=f"batchgate-worker-{slot.index}", daemon=True,
         )
         slot.process = process
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
@@ -304,27 +308,50 @@ class WorkerPool(SlotPool[_Slot]):
             slot.ready.set()
             self._let_go(slot)  # it loaded the old version, switched away meanwhile
             self._slots.take_back(slot, worker)
+        elif isinstance(msg, Attached):
+            self._attached(slot, worker, msg)
         elif isinstance(msg, Ready):
-            started = self._slots.mark_ready(slot, msg.device)
-            slot.ready.set()
-            log.info("worker %s ready (slot %d, pid %d, %s)", worker, slot.index, msg.pid,
-                     msg.device)
-            if self._memory.max_rss_mb is not None and \
-                    self._memory.exceeded(resident_bytes(msg.pid)):
-                log.warning("worker %s holds more than --worker-max-rss-mb %d as it comes up:"
-                            " it will be replaced after every batch", worker,
-                            self._memory.max_rss_mb)
-            if started is not None:
-                self._events.worker_ready(worker, started, slot.version)
-            elif slot.held is not None and slot.pipe is not None:  # the core's, meanwhile
-                run, slot.held = slot.held, None
-                slot.state = SlotState.BUSY
-                slot.pipe.send(run)
+            self._up(slot, worker, msg, "ready")
         elif isinstance(msg, Ok | Err):
             self._slots.mark_answered(slot)
             if self._memory.max_rss_mb is not None:
                 self._check_memory(slot, worker)
             self._events.worker_reply(worker, msg)
+        elif isinstance(msg, Salvaged):
+            self.salvage.landed(worker, msg)
+
+    def _attached(self, slot: _Slot, worker: WorkerId, msg: Attached) -> None:
+        """An earlier core's worker said what it holds: up, if the catalogue names it."""
+        held = Load(msg.version, msg.spec, msg.latency_floor)
+        named = {(x.version, x.spec, self._settings.floor(x))
+                 for x in (*self._settings.slot_loads(), *self._settings.claimable)}
+        if (held.version, held.spec, msg.latency_floor) not in named:
+            log.warning("worker pid %d (slot %d) holds %s, which the catalogue does not "
+                        "name: ending it", msg.ready.pid, slot.index, held.version)
+            if slot.process is not None:
+                slot.process.kill()  # its exit is a death while loading: the slot starts
+            return
+        if slot.load is None or held.version != slot.load.version:
+            self._slots.holds(slot, held)
+        self.salvage.attached(worker, held.version, msg.salvaged)
+        self._up(slot, worker, msg.ready, "attached, loaded by an earlier core")
+
+    def _up(self, slot: _Slot, worker: WorkerId, msg: Ready, how: str) -> None:
+        started = self._slots.mark_ready(slot, msg.device)
+        slot.ready.set()
+        log.info("worker %s %s (slot %d, pid %d, %s)", worker, how, slot.index, msg.pid,
+                 msg.device)
+        if self._memory.max_rss_mb is not None and \
+                self._memory.exceeded(resident_bytes(msg.pid)):
+            log.warning("worker %s holds more than --worker-max-rss-mb %d as it comes up:"
+                        " it will be replaced after every batch", worker,
+                        self._memory.max_rss_mb)
+        if started is not None:
+            self._events.worker_ready(worker, started, slot.version)
+        elif slot.held is not None and slot.pipe is not None:  # the core's, meanwhile
+            run, slot.held = slot.held, None
+            slot.state = SlotState.BUSY
+            slot.pipe.send(run)
 
     def _check_memory(self, slot: _Slot, worker: WorkerId) -> None:
         """Replace an idle worker over the memory bound (before its answer is passed on:
@@ -369,6 +396,8 @@ class WorkerPool(SlotPool[_Slot]):
         finally:
             loop.remove_reader(process.sentinel)
         process.join(timeout=1)
+        if isinstance(process, AttachedProcess):
+            process.close()
         slot.retired = None
 
     def _lost(self, slot: _Slot, worker: WorkerId) -> None:
@@ -377,6 +406,7 @@ class WorkerPool(SlotPool[_Slot]):
         if slot.switched_out == worker or not self._slots.mark_dead(slot, worker):
             return
         slot.held = None  # the core re-runs it, told of the death
+        self.salvage.lost(worker)
         if slot.pipe is not None:
             slot.pipe.close()
         if slot.process is not None and slot.process.is_alive():
@@ -453,10 +483,12 @@ class WorkerPool(SlotPool[_Slot]):
         loop = asyncio.get_running_loop()
         if slot.process is not None:
             loop.remove_reader(slot.process.sentinel)
+            if isinstance(slot.process, AttachedProcess):  # its pidfd, watched no more
+                slot.process.close()
         if slot.pipe is not None:
             slot.pipe.close()
             slot.pipe = None
         self._slots.forget(slot.worker)
 
 
-__all__ = ["PoolSettings", "WorkerPool"]
+__all__ = ["WorkerPool"]

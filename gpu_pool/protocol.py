@@ -2,6 +2,10 @@
 
 Parent -> worker: `Run` (one batch), `Stop`. Worker -> parent: `Ready` once the model is
 loaded, then exactly one `Ok` or `Err` per `Run`. EOF on the pipe means the worker is gone.
+
+A cell's worker outlives its core (`gpu_pool.lasting`): to the next core, which connects to
+it, it says `Attached` first (in place of `Ready`), and `Salvaged` once the batch the dead
+core sent it has finished.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import NewType
+
+from batcher import Tag, VersionKey
 
 BatchId = NewType("BatchId", int)
 WorkerId = NewType("WorkerId", int)
@@ -45,6 +51,31 @@ class Ready:
 class Run:
     batch_id: BatchId
     inputs: tuple[str, ...]
+    tags: tuple[Tag | None, ...] | None = None  # the keyed inputs' names; None: none is keyed
+
+
+@dataclass(frozen=True, slots=True)
+class Salvaged:
+    """A keyed batch a dead core sent: what it answered (`outputs`), or that it still runs
+    (`running`: another `Salvaged` follows) or failed (neither: its inputs run again)."""
+
+    tags: tuple[Tag | None, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...] | None
+    running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """A live worker's first word to a core that did not start it: up on `ready.device`,
+    holding `version` of `spec` (padded to `latency_floor`), with the keyed batches it ran
+    last for a core now dead, the one it runs now included."""
+
+    ready: Ready
+    version: VersionKey
+    spec: str
+    latency_floor: float
+    salvaged: tuple[Salvaged, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +104,7 @@ class Stop:
 
 
 ToWorker = Run | Stop
-FromWorker = Ready | Ok | Err
+FromWorker = Ready | Ok | Err | Attached | Salvaged
 
-__all__ = ["BatchId", "Err", "FromWorker", "Ok", "Origin", "Ready", "Run", "StartId", "Stop",
-           "ToWorker", "WorkerId"]
+__all__ = ["Attached", "BatchId", "Err", "FromWorker", "Ok", "Origin", "Ready", "Run",
+           "Salvaged", "StartId", "Stop", "ToWorker", "WorkerId"]

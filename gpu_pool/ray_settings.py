@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpu_pool.load import Load
-from gpu_pool.pool import PoolSettings
+from gpu_pool.settings import PoolSettings
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
 CELL_ID_ENV = "BATCHGATE_CELL_ID"  # set by the cell's supervisor on each core it starts
@@ -31,6 +31,7 @@ class CellIdentity:
 
     cell: str
     incarnation: int = 0
+    workers: str | None = None  # where its process workers wait for the next core
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.cell):

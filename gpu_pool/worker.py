@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batcher import VersionKey
+from gpu_pool.lasting import Lasting, Stay
 from gpu_pool.load import DEFAULT_VERSION
 from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, uses_gpu
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
@@ -32,8 +33,9 @@ class WorkerConfig:
     version: VersionKey = DEFAULT_VERSION  # the version key it holds: an actor says it when claimed
 
 
-def worker_main(conn: Connection, config: WorkerConfig) -> None:
-    """Entry point of the child process."""
+def worker_main(conn: Connection, config: WorkerConfig, stay: Stay | None = None) -> None:
+    """Entry point of the child process. `stay`: how a cell's worker outlives its core
+    (`gpu_pool.lasting`); None: it ends with its pipe."""
     # The parent owns shutdown (it sends Stop): Ctrl-C in a terminal and SIGTERM to the
     # whole process group (systemd's default) reach workers too, mid-batch.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -41,7 +43,17 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     if config.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
     model, device = load_worker(config)
-    conn.send(Ready(pid=os.getpid(), device=device))
+    ready = Ready(pid=os.getpid(), device=device)
+    if stay is not None:
+        lasting = Lasting(stay, ready, config.version, config.model, config.latency_floor)
+        try:
+            conn.send(ready)
+        except OSError:  # its core died while it loaded: it waits, loaded, for the next
+            conn.close()
+        lasting.serve(None if conn.closed else conn,
+                      lambda msg: run_batch(model, msg, config.latency_floor))
+        return
+    conn.send(ready)
     while True:
         try:
             msg = conn.recv()

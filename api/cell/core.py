@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -35,6 +36,7 @@ from gpu_pool import CellIdentity
 log = logging.getLogger("batchgate.core")
 
 CORE_NAME = "batchgate-core"  # its /proc/PID/comm
+WORKERS = "workers"  # beside the link: where the cell's workers wait for the next core
 
 CoreTarget = Callable[[Settings, str, str, Lifeline], None]
 """What a core process runs: `(settings, link, cell, lifeline)`."""
@@ -51,7 +53,7 @@ def core_main(settings: Settings, link: str, cell: str, lifeline: Lifeline) -> N
     )
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    identity = CellIdentity(cell, lifeline.incarnation)
+    identity = CellIdentity(cell, lifeline.incarnation, str(Path(link).parent / WORKERS))
     uvloop_runner()(_serve(settings, link, identity, lifeline))
 
 
@@ -117,4 +119,4 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
     log.info("stopped")
 
 
-__all__ = ["CORE_NAME", "CoreTarget", "core_main", "uvloop_runner"]
+__all__ = ["CORE_NAME", "WORKERS", "CoreTarget", "core_main", "uvloop_runner"]

@@ -14,12 +14,14 @@ on it and sends its jobs over its link to the core process (`api.cell.core`), wh
 priority, batching, admission, rate limits and idempotency global. The supervisor only
 supervises: a gateway that dies is restarted (its queued items were withdrawn when its link
 closed), and so is the core. While the core is gone the gateways hold their clients and
-jobs, and send the jobs again to the next core (`api.gateway.RemoteCore`); the dead core's
-workers that still run (a hung batch) are ended here, the supervisor being the subreaper of
-its descendants. The core's restarts are counted in `/admin/workers`, and each core process
-is given the cell's id and its own incarnation as arguments (its `Lifeline`), which the
-shared state and the Ray pool use to tell a dead predecessor's claims and actors from
-another cell's.
+jobs, and send the jobs again to the next core (`api.gateway.RemoteCore`). The dead core's
+workers outlive it: the supervisor, subreaper of its descendants, is their parent from then
+on, and the next core attaches to them where they listen (`WORKERS`, `gpu_pool.lasting`),
+their models loaded; what else the dead core left (a worker still loading) is ended here,
+and what the core ends later is reaped here. The core's restarts are counted in
+`/admin/workers`, and each core process is given the cell's id and its own incarnation as
+arguments (its `Lifeline`), which the shared state and the Ray pool use to tell a dead
+predecessor's claims and actors from another cell's.
 
 The core and every gateway are each a `Child` (`api.cell.child`): spawned with a lifeline,
 watched, restarted with backoff, stopped with a grace then a kill. The supervisor speaks to
@@ -67,7 +69,7 @@ import anyio
 
 from api.cell.accepted import ACCEPTED, Accepted
 from api.cell.child import Child, Keeping
-from api.cell.core import CoreTarget, core_main, uvloop_runner
+from api.cell.core import WORKERS, CoreTarget, core_main, uvloop_runner
 from api.cell.gateways import Gateways
 from api.cell.scratch import SCRATCH_PREFIX, bind, multiprocess_metrics, sweep_scratch
 from api.config import Settings
@@ -110,9 +112,11 @@ def core_process(settings: Settings, link: str, cell: str,
                  changed: Callable[[], None] | None = None, target: CoreTarget = core_main,
                  metrics: Path | None = None, keeping: Keeping = CORE_KEEPING) -> Child:
     """The core process as a `Child`: `target(settings, link, cell, lifeline)` runs in it;
-    what a dead core left is ended (`end_orphans`) before the next one starts."""
+    what a dead core left is ended (`end_orphans`) before the next one starts, but the
+    workers that wait for it beside the link (`WORKERS`)."""
+    spare = Path(link).parent / WORKERS
     return Child("batchgate-core", target, (settings, link, cell), keeping, changed=changed,
-                 exited=end_orphans, metrics=metrics)
+                 exited=lambda: end_orphans(spare), metrics=metrics)
 
 
 def become_subreaper() -> None:
@@ -121,33 +125,54 @@ def become_subreaper() -> None:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def end_orphans() -> list[int]:
+def end_orphans(spare: Path | None = None) -> list[int]:
     """End and reap every child of this process it did not start: what a dead core left (a
-    worker stuck in a batch would otherwise hold its GPU for good). Called once the core is
-    reaped, when the kernel has handed its orphans here. The pids ended."""
-    own = {p.pid for p in multiprocessing.active_children()}
-    own.add(getattr(resource_tracker._resource_tracker, "_pid", None))
-    me, ended = os.getpid(), []
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        if pid in own or _parent(entry) != me:
+    worker still loading would otherwise hold its GPU for good), but the workers listening in
+    `spare` for the next core (their socket names their pid). Called once the core is
+    reaped, when the kernel has handed its orphans here, and as the cell stops. The pids
+    ended."""
+    listening = set() if spare is None else {
+        int(pid) for _, _, pid in (p.stem.partition("-") for p in spare.glob("*.sock"))
+        if pid.isdigit()}
+    ended = []
+    for pid, zombie in _orphans():
+        if not zombie and pid in listening:
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        ended.append(pid)
+        if not zombie:
+            ended.append(pid)
     if ended:
         log.warning("ended %d processes the dead core left: %s", len(ended), ended)
     return ended
 
 
-def _parent(proc: Path) -> int:
-    try:
-        stat = (proc / "stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and parens
+def reap_orphans() -> None:
+    """Reap the orphans that have exited (an attached worker a later core ended)."""
+    for pid, zombie in _orphans():
+        if zombie:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def _orphans() -> list[tuple[int, bool]]:
+    """This process's children it did not start, each with whether it has exited."""
+    own = {p.pid for p in multiprocessing.active_children()}
+    own.add(getattr(resource_tracker._resource_tracker, "_pid", None))
+    me, found = os.getpid(), []
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid in own:
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # after the name, which may hold spaces and parens
+            found.append((pid, fields[0] == "Z"))
+    return found
 
 
 async def _supervise(accepted: Accepted, cell: str, socks: list[socket.socket],
@@ -183,6 +208,7 @@ async def _supervise(accepted: Accepted, cell: str, socks: list[socket.socket],
         core.beat()
         for child in gateways.children:
             child.beat()
+        reap_orphans()
         beating = loop.call_later(BEAT_S, beat)
 
     loop = asyncio.get_running_loop()
@@ -213,6 +239,7 @@ async def _supervise(accepted: Accepted, cell: str, socks: list[socket.socket],
             beating.cancel()
         for sock in socks:
             sock.close()
+        end_orphans()  # workers still waiting for a core that will not come
     log.info("stopped")
     return 0
 

@@ -55,7 +55,7 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     durable = None if service.kept is None else service.kept.durable
     rates = rate_step(redis_client(durable), keys.tiers, metrics, service.clock.now)
     door = Door(service.core, service.clock, rates, service.idempotency, service.pressure,
-                metrics)
+                metrics, service.salvage)
     models = ModelsAdmin(service.models, service.clock, settings.workers.min, settings.models,
                          service.core.change,
                          None if cell is None else lambda: list(cell().get("refused", [])),

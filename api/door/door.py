@@ -46,6 +46,7 @@ from batcher import (
     Tier,
     VersionKey,
 )
+from gpu_pool import Salvage
 
 C = TypeVar("C", bound=Collation)
 C_contra = TypeVar("C_contra", bound=Collation, contravariant=True)
@@ -82,9 +83,11 @@ class Door:
 
     def __init__(
         self, core: Core, clock: Clock, rates: RateStep, store: IdempotencyStore,
-        pressure: Callable[[Tier], float], metrics: Metrics,
+        pressure: Callable[[Tier], float], metrics: Metrics, salvage: Salvage | None = None,
     ) -> None:
+        """`salvage`: what a dead core's workers ran for keyed requests (a cell's core)."""
         self.core, self.clock, self.rates = core, clock, rates
+        self.salvage = salvage if salvage is not None else Salvage()
         self.pressure = pressure  # a tier's expected wait over its budget
         self.metrics = metrics
         self._ids = itertools.count(1)
@@ -167,11 +170,17 @@ class Door:
             if refusal is not None:
                 out.append(refuse(refusal, job.principal.tier))
                 continue
-            principal = job.principal
+            principal, keyed = job.principal, job.idempotency
             items = self.new_items(job.texts, principal.tier, now, timeout, collation,
-                                   principal.account, version)
-            where.append(at)
+                                   principal.account, version,
+                                   None if keyed is None else (principal.account or "", keyed[0]))
             out.append(items)
+            if keyed is not None and self.salvage:  # a dead core's worker may have run them
+                rest = self.salvage.settle(items, now)
+                if not rest:
+                    continue
+                items = rest
+            where.append(at)
             admitting.append((items, timeout))
         if admitting:
             for at, refused in zip(where, self.core.admit_all(admitting, now), strict=True):
@@ -198,11 +207,18 @@ class Door:
     def new_items(
         self, texts: Sequence[str], tier: Tier, now: float, timeout: float, sink: ItemSink,
         caller: str | None = None, version: VersionKey | None = None,
+        keyed: tuple[str, str] | None = None,
     ) -> list[Item]:
         """`caller`: the account charged if one of these inputs keeps killing workers;
-        `version`: the model version they run on."""
+        `version`: the model version they run on; `keyed`: the account and the
+        Idempotency-Key that tag them (`batcher.Tag`)."""
         deadline = now + timeout
         ids = self._ids
+        if keyed is not None:
+            account, key = keyed
+            return [Item(cast(ItemId, next(ids)), text, tier, now, deadline, sink, index,
+                         caller=caller, version=version, tag=(account, key, index))
+                    for index, text in enumerate(texts)]
         if len(texts) == 1:  # most requests
             return [Item(cast(ItemId, next(ids)), texts[0], tier, now, deadline, sink,
                          caller=caller, version=version)]
@@ -223,7 +239,13 @@ class Door:
         `KeptRequest.runs_on`)."""
         if pending is None:
             pending = PendingRequest(len(job.texts))
-        admitted = self.admit((job,), (pending,), _PASSED, self.clock.now(), 0.0, _as_is)[0]
+        late = 0.0
+        if job.idempotency is not None and self.salvage:  # a dead core's batch may bring it
+            began = self.clock.now()
+            await self.salvage.settled(job.principal.account or "", job.idempotency[0],
+                                       job.timeout)
+            late = self.clock.now() - began
+        admitted = self.admit((job,), (pending,), _PASSED, self.clock.now(), late, _as_is)[0]
         if not isinstance(admitted, list):
             raise admitted
         if register is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 import anyio
 from anyio.abc import TaskStatus
@@ -53,6 +54,7 @@ from gpu_pool import (
     Pool,
     PoolSettings,
     RayPoolSettings,
+    Salvage,
     WorkerInfo,
     WorkerPool,
     default_latency_floor,
@@ -195,7 +197,8 @@ class Service:
         loads = tuple(load(v) for v in self.models.initial(settings.workers.min))
         self.models.starting([v.version for v in loads], self.clock.now())
         claimable = tuple(load(v) for v in catalogue.versions())
-        self.pool: Pool = pool or build_pool(settings, loads, claimable, identity)
+        self.salvage = Salvage()  # what a dead core's workers ran, for keyed requests
+        self.pool: Pool = pool or build_pool(settings, loads, claimable, identity, self.salvage)
         self.core = CoreOwner(self.models, self.pool, self.clock, observer=observer,
                               loads=load)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
@@ -345,11 +348,13 @@ def build_state(settings: Settings, identity: CellIdentity | None = None
 
 
 def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
-               claimable: tuple[Load, ...] = (), identity: CellIdentity | None = None) -> Pool:
+               claimable: tuple[Load, ...] = (), identity: CellIdentity | None = None,
+               salvage: Salvage | None = None) -> Pool:
     """The process pool, or with `--pool ray` the Ray pool (its module imports Ray, so only
     then); `loads`: what each slot starts with (none: `--model` on every one); `claimable`:
-    the versions a Ray cell's restarted core takes over from live actors; `identity`: the
-    cell's (None: the actors die with this process)."""
+    the versions a cell's restarted core takes over from live workers or actors; `identity`:
+    the cell's (None: the workers die with this process); `salvage`: where attached
+    workers' keyed answers go."""
     base = PoolSettings(
         model=settings.model,
         workers=settings.workers.min,
@@ -361,7 +366,8 @@ def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
         max_rss_mb=settings.worker_max_rss_mb,
     )
     if settings.pool == "process":
-        return WorkerPool(base)
+        attach = None if identity is None else identity.workers
+        return WorkerPool(replace(base, attach=attach, claimable=claimable), salvage)
     from gpu_pool.ray_pool import RayPool
 
     resources = parse_resources(settings.ray_worker_resources)

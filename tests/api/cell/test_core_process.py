@@ -114,3 +114,29 @@ def test_the_orphans_a_dead_core_leaves_are_ended_and_reaped() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.split() == ["True", "False"], out.stderr
+
+
+def test_a_dead_cores_workers_listening_for_the_next_are_spared_until_the_cell_stops(
+        tmp_path: Path) -> None:
+    """A worker with its socket in the workers folder waits for the next core; one still
+    loading (no socket) is ended; as the cell stops, all are."""
+    script = textwrap.dedent(f"""
+        import subprocess, sys, os
+        from pathlib import Path
+        from api.cell.supervisor import become_subreaper, end_orphans
+        become_subreaper()
+        core = subprocess.Popen([sys.executable, "-c",
+            "import subprocess; a = subprocess.Popen(['sleep', '600']);"
+            "b = subprocess.Popen(['sleep', '600']); print(a.pid, b.pid)"],
+            stdout=subprocess.PIPE, text=True)
+        listening, loading = map(int, core.stdout.readline().split())
+        core.wait()
+        spare = Path({str(tmp_path)!r})
+        (spare / f"0-{{listening}}.sock").touch()
+        first = end_orphans(spare)
+        print(first == [loading], os.path.exists(f"/proc/{{listening}}"))
+        print(end_orphans() == [listening], os.path.exists(f"/proc/{{listening}}"))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.split() == ["True", "True", "True", "False"], out.stderr
