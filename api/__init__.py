@@ -10,10 +10,11 @@
 - `api.door`: the door, the keyed path, the service that builds the core, the local route;
 - `api.gateway`: a cell's gateway process and the link's frames (no core loaded);
 - `api.cell`: the core process of a cell, its gateways and the link's core end;
-- `api.client` (httpx and the standard library only), `api.plan`, `api.cli`.
+- `api.plan`, `api.cli`.
 
-Importing `api` loads nothing: `import api.client` must stay light, and every room says what
-it offers in its own `__init__`.
+The Python client lives in api/client/ but is no room of api: it is a distribution of its
+own (`batchgate_client`, httpx and the standard library only), which never installs the server.
+Importing `api` loads nothing, and every room says what it offers in its own `__init__`.
 """
 
 __all__: list[str] = []

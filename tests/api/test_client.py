@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api import client as c
+import batchgate_client as c
 from api.errors import ERRORS
 from tests.api.client_fakes import FakeClock, echo, make, refuse
 

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from api import client as c
+import batchgate_client as c
 from tests.api.client_fakes import echo, inputs_of, refuse, run
 
 KINDS = ["sync", "async"]

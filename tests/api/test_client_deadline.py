@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from api import client as c
+import batchgate_client as c
 from tests.api.client_fakes import FakeClock, echo, make, refuse, run
 
 KINDS = ["sync", "async"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.client import Client, Overloaded
+from batchgate_client import Client, Overloaded
 from loadtest.server import RunningServer, fetch_metrics, running_server
 from tests.api.metric_samples import total
 

@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 
-from api import client as c
+import batchgate_client as c
 from loadtest.server import RunningServer, running_server
 from tests.api.client_fakes import FakeClock, Handler, inputs_of, refuse
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from api import client as c
+import batchgate_client as c
 from tests.api.client_fakes import FakeClock, echo, make, refuse
 
 DATE = "Sun, 06 Nov 1994 08:49:37 GMT"

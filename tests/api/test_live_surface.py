@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from api.client import Client
+from batchgate_client import Client
 from loadtest.server import RunningServer, running_server
 from tests.e2e.helpers import logged
 

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from api.client import AsyncClient
+from batchgate_client import AsyncClient
 from loadtest.probe import ProbeConfig, run_probe
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import EXAMPLE_KEYS, patient_keys, post_many, workers_in_state

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.client import Client
+from batchgate_client import Client
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import PAID, patient_keys
 

@@ -9,7 +9,7 @@ import anyio
 import httpx
 import pytest
 
-from api.client import AsyncClient, RetryPolicy
+from batchgate_client import AsyncClient, RetryPolicy
 from loadtest.server import fetch_metrics, metric, running_server
 from tests.e2e.helpers import metric_reaches, patient_keys, post_many, workers_in_state
 

@@ -10,8 +10,8 @@ import anyio
 import httpx
 import pytest
 
-from api.client import AsyncClient
 from api.config import hash_key
+from batchgate_client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
 from tests.e2e.helpers import logged, post_many
 

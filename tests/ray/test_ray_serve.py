@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
-from api.client import Client
+from batchgate_client import Client
 from loadtest.probe import ProbeConfig, TrafficClass, run_probe
 from loadtest.probe_results import ProbeResult
 from loadtest.server import (

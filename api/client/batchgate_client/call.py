@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from api.client.answers import Outputs, error_from, outputs_from
-from api.client.errors import (
+from batchgate_client.answers import Outputs, error_from, outputs_from
+from batchgate_client.errors import (
     RETRIED,
     BatchgateError,
     ConnectionFailed,

@@ -15,8 +15,8 @@ from typing import Self
 import anyio
 import httpx
 
-from api.client.answers import Outputs
-from api.client.call import MAX_INPUTS, PATH, Call, RetryPolicy, chunks
+from batchgate_client.answers import Outputs
+from batchgate_client.call import MAX_INPUTS, PATH, Call, RetryPolicy, chunks
 
 
 class _Abandoned(Exception):
@@ -63,7 +63,7 @@ class Client(_Base):
 
     def batchstring(self, inputs: Sequence[str], model: str | None = None) -> Outputs:
         """One output per input, in order (`.model`: the version that ran them); raises a
-        BatchgateError (see api.client.errors): of several, the first to fail. `model`:
+        BatchgateError (see batchgate_client.errors): of several, the first to fail. `model`:
         "topics" or "topics@v2" (None: the client's, else the server's first model)."""
         calls, stop = self._calls(inputs, model), threading.Event()
         if len(calls) <= 1:
@@ -126,7 +126,7 @@ class AsyncClient(_Base):
 
     async def batchstring(self, inputs: Sequence[str], model: str | None = None) -> Outputs:
         """One output per input, in order (`.model`: the version that ran them); raises a
-        BatchgateError (see api.client.errors): of several, the first to fail, never an
+        BatchgateError (see batchgate_client.errors): of several, the first to fail, never an
         ExceptionGroup. `model` as the blocking client's."""
         calls = self._calls(inputs, model)
         if len(calls) <= 1:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
-from api.client.errors import (
+from batchgate_client.errors import (
     BY_CODE,
     BY_STATUS,
     BadRequest,
