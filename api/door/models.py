@@ -23,6 +23,7 @@ from api.door.overrides import SETTINGS, Overrides
 from api.errors import ERRORS
 from batcher import Clock
 from failover.fleet import (
+    GUARD_KEYS,
     Catalogue,
     CatalogueError,
     ModelConfig,
@@ -82,6 +83,7 @@ class ModelsAdmin:
                 "serving_default": cores.serving_default(name),
                 "weights": dict(model.weights), "min_workers": model.min_workers,
                 "max_workers": model.max_workers, "idle_unload_s": model.idle_unload_s,
+                **{k: v for k, v in model.to_dict().items() if k in GUARD_KEYS},
                 "versions": versions, "set_by_admin": overrides.set_by_admin(name),
             })
         abandoned = {name: target.version for name, target in cores.abandoned().items()}

@@ -30,6 +30,7 @@ from failover.fleet.catalogue import (
 )
 from failover.fleet.cores import ModelCores
 from failover.fleet.fitting import check_fits, unreachable
+from failover.fleet.guard_keys import GUARD_KEYS
 from failover.fleet.ledger import LATE_SHARE, MEASURE_WEIGHT, Kind, Ledger, Start
 from failover.fleet.placement import (
     REASONS,
@@ -54,6 +55,7 @@ from failover.fleet.versions import ROLLOUT_TIMEOUT_S, Versions
 
 __all__ = [
     "DEFAULT_LOAD_S",
+    "GUARD_KEYS",
     "LATE_SHARE",
     "MEASURE_WEIGHT",
     "REASONS",

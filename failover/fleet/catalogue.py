@@ -7,7 +7,8 @@ them. Every object here is frozen: a change made while serving (`with_settings`,
 returns a new catalogue, checked as a file is, so whoever holds the old one never sees half a
 change; a catalogue that replaces another (`check_change`) keeps each version's spec, so a
 version's name always means one function. Whether a pool can place it is
-`failover.fleet.fitting`'s question.
+`failover.fleet.fitting`'s question. A model may name guard models of the same catalogue
+that run on its inputs and outputs (`pre`, `post`: `failover.fleet.guard_keys`).
 
 A request without "@version" gets its model's weighted choice, or its default without
 weights. The default need not carry weight: it is the version that may not be retired and
@@ -37,9 +38,19 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from batcher import NAME_MAX, BatchgateError, VersionKey
+from failover.fleet.guard_keys import (
+    GUARD_KEYS,
+    GUARD_TIMEOUT_S,
+    chain_problem,
+    failure_modes,
+    guard_problem,
+    guard_timeout_ms,
+    read_guard_keys,
+)
 from gpu_pool import validate_spec
 
-_MODEL_KEYS = ("default", "weights", "min_workers", "max_workers", "idle_unload_s", "versions")
+_MODEL_KEYS = ("default", "weights", "min_workers", "max_workers", "idle_unload_s", "versions",
+               *GUARD_KEYS)
 _VERSION_KEYS = ("spec", "load_s", "retired")
 _PERSON = b"batchgate.models"  # keys the sticky hash apart from other hashes of the same key
 _SHOWN = 64  # characters of a requested name quoted back in an error
@@ -81,12 +92,26 @@ class ModelConfig:
     min_workers: int = 1  # kept resident; 0: may go cold after idle_unload_s
     max_workers: int | None = None  # None: no cap
     idle_unload_s: float = 600.0
+    pre: tuple[str, ...] = ()  # guard models run on each input before it, in order
+    post: tuple[str, ...] = ()  # guard models run on each output before it leaves, in order
+    guard_mode: str = "sequential"  # or "parallel": pre guards run beside it, its answer held
+    # tier label -> "closed" (an input whose guard cannot answer is refused) or "open"
+    on_guard_failure: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType(failure_modes("closed")))
+    guard_timeout_s: float = GUARD_TIMEOUT_S  # a guard's own share of the deadline
+    with_input: bool = False  # as a post guard: gets {"input", "output"}, not the output alone
 
     def __post_init__(self) -> None:
+        for key in ("pre", "post"):  # a list, as a file holds it, is a tuple here
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        object.__setattr__(self, "on_guard_failure", failure_modes(self.on_guard_failure))
         _check_model(self)
         object.__setattr__(self, "versions", MappingProxyType(dict(self.versions)))
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        object.__setattr__(self, "on_guard_failure", MappingProxyType(dict(self.on_guard_failure)))
         object.__setattr__(self, "idle_unload_s", float(self.idle_unload_s))
+        object.__setattr__(self, "guard_timeout_s", float(self.guard_timeout_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _reduce(self)
@@ -103,12 +128,20 @@ class ModelConfig:
         """The names of its versions that take new requests, in order."""
         return tuple(v for v, config in self.versions.items() if not config.retired)
 
+    def fails_open(self, tier_label: str) -> bool:
+        """Whether an input of that tier whose guard cannot answer goes through unguarded."""
+        return self.on_guard_failure[tier_label] == "open"
+
     def to_dict(self) -> dict[str, Any]:
         versions = {v: {"spec": c.spec, "load_s": c.load_s, "retired": c.retired}
                     for v, c in self.versions.items()}
         return {"default": self.default, "weights": dict(self.weights),
                 "min_workers": self.min_workers, "max_workers": self.max_workers,
-                "idle_unload_s": self.idle_unload_s, "versions": versions}
+                "idle_unload_s": self.idle_unload_s, "pre": list(self.pre),
+                "post": list(self.post), "guard_mode": self.guard_mode,
+                "on_guard_failure": dict(self.on_guard_failure),
+                "guard_timeout_ms": guard_timeout_ms(self.guard_timeout_s),
+                "with_input": self.with_input, "versions": versions}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +156,9 @@ class Catalogue:
         for name, model in self.models.items():
             if not isinstance(model, ModelConfig) or model.name != name:
                 _fail(f"models.{name}", "holds another model's configuration")
+        problem = chain_problem(self.models)
+        if problem is not None:
+            _fail(*problem)
         object.__setattr__(self, "models", MappingProxyType(dict(self.models)))
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -149,6 +185,10 @@ class Catalogue:
     @property
     def first(self) -> ModelConfig:
         return next(iter(self.models.values()))
+
+    def is_guard(self, name: str) -> bool:
+        """Whether some model names `name` in its pre or post."""
+        return any(name in m.pre or name in m.post for m in self.models.values())
 
     def versions(self) -> tuple[VersionKey, ...]:
         """Every live version key, models in order, each model's versions in order."""
@@ -299,7 +339,8 @@ def _model(name: str, data: Any) -> ModelConfig:
                        weights=_table(_get(table, "weights", {}), f"{path}.weights"),
                        min_workers=_get(table, "min_workers", 1),
                        max_workers=_get(table, "max_workers", None),
-                       idle_unload_s=_get(table, "idle_unload_s", 600.0))
+                       idle_unload_s=_get(table, "idle_unload_s", 600.0),
+                       **read_guard_keys(table))
 
 
 def _version(name: str, data: Any, path: str) -> VersionConfig:
@@ -332,6 +373,9 @@ def _check_model(m: ModelConfig) -> None:
                                      "(at least 1 and at least min_workers)")
     if not _is_seconds(m.idle_unload_s):
         _fail(f"{path}.idle_unload_s", f"{m.idle_unload_s!r} is not a number of seconds > 0")
+    problem = guard_problem(m)
+    if problem is not None:
+        _fail(*problem)
 
 
 def _check_version(name: str, version: Any, path: str) -> None:

@@ -39,6 +39,8 @@ min_workers = 0
 spec = "sim"
 load_s = 1
 """
+GUARDED = FILE.replace("max_workers = 3",
+                       'max_workers = 3\npre = ["other"]\non_guard_failure = "open"')
 WORKERS = 3
 
 
@@ -46,8 +48,8 @@ class Admin:
     """The admin API over a world of WORKERS workers, counting the owner's turns taken for
     a change (`CoreOwner.change`: the change applied with the turn's clock)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.world = World(parse_catalogue(FILE), WORKERS)
+    def __init__(self, path: Path | None = None, text: str = FILE) -> None:
+        self.world = World(parse_catalogue(text), WORKERS)
         self.woken = 0
         self.api = ModelsAdmin(self.world.cores, self, WORKERS,
                                None if path is None else str(path), self.wake)
@@ -88,7 +90,9 @@ def test_get_shows_each_models_settings_and_each_versions_state() -> None:
     topics = view["models"][0]
     assert {k: v for k, v in topics.items() if k != "versions"} == {
         "name": "topics", "default": "v1", "serving_default": "v1", "weights": {},
-        "min_workers": 1, "max_workers": 3, "idle_unload_s": 600.0, "set_by_admin": []}
+        "min_workers": 1, "max_workers": 3, "idle_unload_s": 600.0, "pre": [], "post": [],
+        "guard_mode": "sequential", "on_guard_failure": {"paid": "closed", "free": "closed"},
+        "guard_timeout_ms": 300.0, "with_input": False, "set_by_admin": []}
     assert topics["versions"] == [
         {"version": "v1", "spec": "sim", "state": "resident", "resident_workers": 2,
          "loading": 0, "queued": 0, "load_s": None, "load_s_hint": 2.0,
@@ -242,6 +246,16 @@ def test_other_methods_and_paths_are_not_allowed(method: str, name: str | None,
     refused(Admin().call(method, name, version, {"min_workers": 0}), 405, "method_not_allowed")
 
 
+def test_get_shows_a_models_guards_and_put_keeps_them() -> None:
+    admin = Admin(text=GUARDED)
+    topics = admin.model("topics")
+    assert (topics["pre"], topics["on_guard_failure"]) == (["other"], {"paid": "open",
+                                                                       "free": "open"})
+    assert admin.call("PUT", "topics", body={"min_workers": 0})[0] == 200
+    assert admin.catalogue.models["topics"].pre == ("other",)
+    assert admin.model("topics")["pre"] == ["other"] and admin.catalogue.is_guard("other")
+
+
 # -- SIGHUP --------------------------------------------------------------------------------
 
 def test_reload_serves_the_file_as_it_is_now(tmp_path: Path,
@@ -287,3 +301,16 @@ def test_reload_without_a_file_does_nothing() -> None:
     before = admin.catalogue
     admin.api.reload()
     assert admin.catalogue is before and admin.woken == 0
+
+
+def test_a_file_without_a_guard_still_named_changes_nothing_and_says_which(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(GUARDED)
+    admin = Admin(path, GUARDED)
+    before = admin.catalogue
+    path.write_text(GUARDED.split("[models.other]")[0])
+    with caplog.at_level(logging.ERROR, "batchgate.models"):
+        admin.api.reload()
+    assert admin.catalogue is before and admin.woken == 0
+    assert "models.topics.pre[0]: 'other' is no model of this catalogue" in caplog.text
