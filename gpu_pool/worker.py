@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from batcher import VersionKey
 from gpu_pool.lasting import Lasting, Stay
 from gpu_pool.load import DEFAULT_VERSION
-from gpu_pool.models import BUILTIN_MODELS, BatchModel, load_model, uses_gpu
+from gpu_pool.models import BatchModel, load_model, parse_spec, uses_gpu
 from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
 
 
@@ -71,7 +71,7 @@ def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
     both load a model the same way."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if config.model in BUILTIN_MODELS:
+    if parse_spec(config.model)[0] is not None:  # built in, with its choices or not
         device = _torch_device(config) if uses_gpu(config.model) else "cpu"
         return load_model(config.model, device), device
     # A user's function: torch is its own business. Only when loading it brought torch in

@@ -18,7 +18,15 @@ LOG_VARIABLE = "BATCHGATE_TEST_RUN_LOG"
 
 def batchstring(inputs: list[str]) -> list[str]:
     """Each input reversed and marked `logged:`, after logging the batch."""
-    path = os.environ.get(LOG_VARIABLE)
+    log_inputs(inputs)
+    time.sleep(BATCH_S)
+    return [expected(s) for s in inputs]
+
+
+def log_inputs(inputs: list[str], variable: str = LOG_VARIABLE) -> None:
+    """Append `<pid>\\t<input>` per input to the file named by `variable` (nothing if unset),
+    in one write: other test models (the guards) log their runs the same way."""
+    path = os.environ.get(variable)
     if path:
         pid = os.getpid()
         data = "".join(f"{pid}\t{s}\n" for s in inputs).encode()
@@ -27,8 +35,6 @@ def batchstring(inputs: list[str]) -> list[str]:
             os.write(fd, data)
         finally:
             os.close(fd)
-    time.sleep(BATCH_S)
-    return [expected(s) for s in inputs]
 
 
 def expected(text: str) -> str:
@@ -36,4 +42,4 @@ def expected(text: str) -> str:
     return f"logged:{text[::-1]}"
 
 
-__all__ = ["BATCH_S", "LOG_VARIABLE", "batchstring", "expected"]
+__all__ = ["BATCH_S", "LOG_VARIABLE", "batchstring", "expected", "log_inputs"]

@@ -1,4 +1,5 @@
-"""Models a worker can run: the real `minilm`, the latency-only `sim`, or `module:function`.
+"""Models a worker can run: the real `minilm`, the guard `minilm-guard` on its embeddings,
+the latency-only `sim`, or `module:function`.
 
 `registry` tells what a name means without loading anything (the parent's questions);
 `loading` loads it, inside the worker.
@@ -10,6 +11,7 @@ from gpu_pool.models.registry import (
     ModelEntry,
     default_latency_floor,
     missing_extra,
+    parse_spec,
     uses_gpu,
     validate_spec,
 )
@@ -21,6 +23,7 @@ __all__ = [
     "default_latency_floor",
     "load_model",
     "missing_extra",
+    "parse_spec",
     "uses_gpu",
     "validate_spec",
 ]

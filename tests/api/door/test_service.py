@@ -87,7 +87,8 @@ def test_hang_settings_hedge_after_the_flag_and_kill_after_the_hang_timeout() ->
 
 
 @pytest.mark.parametrize(("settings", "says"), [
-    (Settings(model="no such model"), "expected 'minilm', 'sim' or 'module:function'"),
+    (Settings(model="no such model"),
+     "expected 'minilm', 'minilm-guard', 'sim' or 'module:function'"),
     (Settings(model="pkg.mod:"), "module:function"),
     (Settings(ray_worker_resources="GPU=zero"), "'zero' is not a number"),
     (Settings(ray_worker_resources=" , "), "name at least one resource"),
