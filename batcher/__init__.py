@@ -15,10 +15,12 @@ from batcher.errors import (
     Closed,
     DeadlineExceeded,
     DeadlineUnreachable,
+    GuardUnavailable,
     NoWorkerReady,
     OverBudget,
     Overloaded,
     QueueFull,
+    Refused,
 )
 from batcher.policy import Capacity, FlushPolicy
 from batcher.queues import QueueStatistics, TierQueues
@@ -56,6 +58,7 @@ __all__ = [
     "DeadlineUnreachable",
     "FlushPolicy",
     "FlushReason",
+    "GuardUnavailable",
     "Item",
     "ItemId",
     "ItemSink",
@@ -68,6 +71,7 @@ __all__ = [
     "QueueFull",
     "QueueStatistics",
     "RateMeter",
+    "Refused",
     "Tag",
     "Throughput",
     "Tier",

@@ -154,6 +154,16 @@ class Batcher:
         """The waiter gave up (client gone, deadline passed): never run this item."""
         self._queues.cancel(item)
 
+    def move_in(self, item: Item, now: float) -> None:
+        """Queue an input that an earlier stage passed on (`failover.fleet.stages`): it was
+        admitted at the door, so neither admission nor a drain refuses it, and it keeps its
+        age, for its place in the queue and for the flush policy (it waited its batch out
+        in the stage before: it does not wait `max_wait` again)."""
+        item.enqueued = item.arrived
+        self._queues.put_aged(item)
+        self._arrivals[item.tier].add(1, now, len(item.text))
+        self._recent.append((now, 1))
+
     def push_retry(self, items: list[Item], now: float) -> None:
         """Re-queue the items of a failed batch ahead of everything else."""
         for item in items:

@@ -5,7 +5,10 @@
     ├── Overloaded               admission refused the item (carries a Retry-After)
     │   ├── OverBudget           the expected wait exceeds the tier's budget
     │   ├── DeadlineUnreachable  the expected wait exceeds the item's own deadline
-    │   └── NoWorkerReady        no worker is ready to take it
+    │   ├── NoWorkerReady        no worker is ready to take it
+    │   └── GuardUnavailable     a guard that fails closed could not answer the item within
+    │                            its share of the deadline (`failover.fleet.stages`)
+    ├── Refused                  a guard refused the item (`refuse:<reason>`)
     ├── Closed                   batcher: draining, nothing new is taken
     └── DeadlineExceeded         batcher: the item's deadline passed before it could run
                                  (also a TimeoutError)
@@ -73,5 +76,27 @@ class DeadlineExceeded(BatchgateError, TimeoutError):
     code = "deadline_exceeded"
 
 
+class GuardUnavailable(Overloaded):
+    """A guard could not answer this item within its share of the deadline (no worker, its
+    attempts crashed, too slow) and the model fails closed for the item's tier: the model's
+    output is never released unguarded."""
+
+    code = "guard_unavailable"
+
+
+class Refused(BatchgateError):
+    """A guard refused this item: it never reaches the next stage. `guard` names the guard
+    (a model of the catalogue) and `reason` its reason code; never the guard's text, never
+    another input. Settles one input of a request, not the request: the collation keeps it
+    beside the others' outputs."""
+
+    code = "refused"
+
+    def __init__(self, guard: str, reason: str) -> None:
+        super().__init__(f"refused by the guard {guard}: {reason}")
+        self.guard, self.reason = guard, reason
+
+
 __all__ = ["BatchgateError", "Closed", "DeadlineExceeded", "DeadlineUnreachable",
-           "NoWorkerReady", "OverBudget", "Overloaded", "QueueFull"]
+           "GuardUnavailable", "NoWorkerReady", "OverBudget", "Overloaded", "QueueFull",
+           "Refused"]

@@ -84,6 +84,21 @@ class TierQueues:
         """Append to the item's tier; raise QueueFull at the tier's hard cap."""
         self.put_all([item], item.tier)
 
+    def put_aged(self, item: Item) -> None:
+        """Queue an item that comes from an earlier stage (`failover.fleet.stages`) where
+        its age puts it: behind the items that arrived before it, ahead of the later ones.
+        They mostly come in order: the scan from the tail is short. No cap: the input was
+        admitted once, and it is in one stage at a time."""
+        lane = LANE_OF[item.tier]
+        dq, at = self._lanes[lane], len(self._lanes[lane])
+        while at > 0 and dq[at - 1].arrived > item.arrived:
+            at -= 1
+        item.lane = lane
+        dq.insert(at, item)
+        self._live[lane] += 1
+        self._chars[lane] += len(item.text)
+        self._total += 1
+
     def push_retry(self, items: Iterable[Item]) -> None:
         """Put re-routed items at the head of the retry lane, keeping their order."""
         fresh = [i for i in items if not i.cancelled]

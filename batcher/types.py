@@ -142,6 +142,8 @@ class Item:
     caller: str | None = None  # whose it is (an account), charged if it kills workers
     version: VersionKey | None = None  # the version it runs on; None: the first model's
     tag: Tag | None = None  # a keyed input's name, which its batch carries to the worker
+    skipped: tuple[str, ...] = ()  # guards that failed open for it: its answer says so
+    route: ItemSink | None = None  # its way through guard stages (`failover.fleet.stages`)
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

@@ -83,6 +83,9 @@ class CoreActions:
     retire: list[WorkerId] = field(default_factory=list)  # idle workers leaving for good
     cancel_start: list[StartId] = field(default_factory=list)  # starts taken back
     loaded: list[tuple[VersionKey, float]] = field(default_factory=list)  # loads measured (metrics)
+    # Each guard's word on an input (metrics): (guard, "allow" or its reason, False), or
+    # (guard, "closed" or "open", True) when it could not answer.
+    guards: list[tuple[str, str, bool]] = field(default_factory=list)
 
     def extend(self, other: CoreActions) -> None:
         self.send += other.send
@@ -95,6 +98,7 @@ class CoreActions:
         self.retire += other.retire
         self.cancel_start += other.cancel_start
         self.loaded += other.loaded
+        self.guards += other.guards
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +270,13 @@ class DispatchCore:
         """The version a request runs on: a core of one version serves whatever it is
         asked for (None: its own)."""
         return None
+
+    def move_in(self, item: Item, now: float) -> bool:
+        """Queue an input an earlier stage passed on (`Batcher.move_in`); whether the owner
+        must take a turn, as for `admit`."""
+        was_empty = len(self._batcher) == 0
+        self._batcher.move_in(item, now)
+        return self._must_turn(was_empty, now)
 
     def cancel(self, item: Item) -> bool:
         """The waiter gave up: never run this item (O(1)). True when the owner must take a

@@ -96,6 +96,12 @@ class CoreObserver(Protocol):
     def load_done(self, version: VersionKey, seconds: float) -> None:
         """A worker loaded `version` in `seconds`, from the moment it was asked for."""
 
+    def guard_verdict(self, guard: str, reason: str, count: int = 1) -> None:
+        """`guard` answered an input: "allow", or its refusal's reason code."""
+
+    def guard_failed(self, guard: str, mode: str, count: int = 1) -> None:
+        """`guard` could not answer an input in time; `mode`: "closed" or "open"."""
+
 
 class _Unobserved:
     def batch_sent(self, size: int, reason: FlushReason | None, idle_gap: float | None,
@@ -106,6 +112,12 @@ class _Unobserved:
         pass
 
     def load_done(self, version: VersionKey, seconds: float) -> None:
+        pass
+
+    def guard_verdict(self, guard: str, reason: str, count: int = 1) -> None:
+        pass
+
+    def guard_failed(self, guard: str, mode: str, count: int = 1) -> None:
         pass
 
 
@@ -308,6 +320,12 @@ class CoreOwner:
             observer.batch_done(seconds, ran)
         for version, seconds in actions.loaded:
             observer.load_done(version, seconds)
+        if actions.guards:
+            for guard, said, failed in actions.guards:
+                if failed:
+                    observer.guard_failed(guard, said)
+                else:
+                    observer.guard_verdict(guard, said)
         for item, result in actions.settle:
             item.sink.item_done(item, result)  # `Item.settle`, inlined: 100 a batch
 

@@ -4,10 +4,12 @@ and what a core guarantees (exactly-once settlement, tier order) holds per versi
 
 Its parts: `Versions` (which version a request gets, rollouts), `Residency` (which worker
 holds what, the ledger of starts), `Failing` (versions whose loads keep failing), `Routing`
-(which core a request goes to, cold refusals), `Placing` (placement's switches) and `Sizing`
-(the scaling rule). The one-model case costs a
-dictionary lookup per event: placement runs only while the catalogue holds more than one
-live version or a version is leaving.
+(which core a request goes to, cold refusals), `Placing` (placement's switches), `Sizing`
+(the scaling rule) and the guard stages (`failover.fleet.stages`: an input of a guarded
+model moves from core to core as each stage's batch is answered, in that turn). The
+one-model case costs a dictionary lookup per event: placement runs only while the catalogue
+holds more than one live version or a version is leaving, and stages only while an input
+is on its way through them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from failover.fleet.placing import Placing, VersionState
 from failover.fleet.residency import Residency
 from failover.fleet.routing import Routing
 from failover.fleet.sizing import Sizing
+from failover.fleet.staging import Stages
 from failover.fleet.versions import Versions
 from gpu_pool import Err, Ok, StartId, WorkerId
 
@@ -56,6 +59,7 @@ class ModelCores:
                               self._failing)
         self._routing = Routing(self._versions, self._residency, self._placing, self._cores,
                                 self._failing, most)
+        self._stages = Stages(self._versions, self._routing, self._cores)
         self._draining = False
         self._sole: DispatchCore | None = None
         self._freed: list[VersionKey] = []  # versions gone from the catalogue, their starts not
@@ -77,6 +81,7 @@ class ModelCores:
             if version not in self._cores:
                 self._cores[version] = self._new_core(version)
         self._versions.change(catalogue, now, frozenset(self._cores))
+        self._stages.set_catalogue(catalogue)
         self._counted()
         self._freed = [v for v in self._cores if not self._versions.live(v)]
 
@@ -90,7 +95,8 @@ class ModelCores:
 
     def _counted(self) -> None:
         """Note whether one core serves everything (the one-model case takes it)."""
-        self._sole = next(iter(self._cores.values())) if len(self._cores) == 1 else None
+        alone = len(self._cores) == 1 and not self._stages.pipelines
+        self._sole = next(iter(self._cores.values())) if alone else None
 
     def resolve(self, model: str | None, sticky: str | None) -> VersionKey:
         return self._versions.resolve(model, sticky)
@@ -102,6 +108,9 @@ class ModelCores:
         sole, version = self._sole, items[0].version
         if sole is not None and (version == sole.version or not version):
             return sole.admit(items, deadline_in, now)
+        pipeline = self._stages.guards(items) if self._stages.pipelines else None
+        if pipeline is not None:
+            return self._stages.enter(items, pipeline, now, self._draining)
         return self._routing.admit(items, deadline_in, now, self._draining)
 
     def admit_all(
@@ -113,11 +122,21 @@ class ModelCores:
         sole = self._sole
         if sole is not None and all(r[0][0].version in (sole.version, None) for r in requests):
             return sole.admit_all(requests, now)
+        if self._stages.pipelines:
+            return self._stages.admit_all(requests, now, self._draining)
         return self._routing.admit_all(requests, now, self._draining)
 
     def cancel(self, item: Item) -> bool:
-        core = self._cores.get(item.version or self.first_version())
-        return core is not None and core.cancel(item)
+        turn = False
+        for held in self._stages.cancel(item) if item.route is not None else (item,):
+            core = self._cores.get(held.version or self.first_version())
+            turn = (core is not None and core.cancel(held)) or turn
+        return turn
+
+    def _staged_out(self, out: CoreActions, now: float) -> CoreActions:
+        """`out`, each stage item's result moving its input on (`Stages.staged`)."""
+        stages = self._stages
+        return stages.staged(out, now, self._draining) if stages.routes or stages.said else out
 
     def drain(self) -> None:
         self._draining = True
@@ -142,7 +161,7 @@ class ModelCores:
             self._counted()
         self._sizing.tell_coming(now)
         out.extend(core.worker_ready(worker, now))
-        return self._placed(out, now)
+        return self._staged_out(self._placed(out, now), now)
 
     def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
         """While paid work waits for a version no worker holds, a worker of a version with
@@ -155,8 +174,8 @@ class ModelCores:
         if self._sole is None and self._paid_waits_cold(core, now):
             out = self._placed(core.reply(worker, reply, now, at, hold=True), now)
             out.extend(core.pump(now))  # switched away, or back to its own queue
-            return out
-        return self._placed(core.reply(worker, reply, now, at), now)
+            return self._staged_out(out, now)
+        return self._staged_out(self._placed(core.reply(worker, reply, now, at), now), now)
 
     def _paid_waits_cold(self, mine: DispatchCore, now: float) -> bool:
         if mine.demand(now).paid:
@@ -179,8 +198,8 @@ class ModelCores:
         self._sizing.tell_coming(now)
         if serving is not None:
             out.extend(self._cores[serving].worker_died(worker, now))
-            return self._placed(out, now)
-        return self._placed(out, now) if known else out
+            return self._staged_out(self._placed(out, now), now)
+        return self._staged_out(self._placed(out, now) if known else out, now)
 
     # -- versions whose loads keep failing ---------------------------------------------------
     def _gave_up(self, version: VersionKey, now: float, out: CoreActions) -> None:
@@ -222,10 +241,12 @@ class ModelCores:
             self._free_left(out, now)
         for core in self._cores.values():
             out.extend(core.poll(now))
+        if self._stages.routes:
+            self._stages.expire(now, out)
         out = self._placed(out, now)
         if not self._draining and now >= self._sizing.due():  # after placement: it sees
             self._sizing.step(now, self.ready_count(), out)  # the starts the rule takes back
-        return out
+        return self._staged_out(out, now)
 
     def _placed(self, out: CoreActions, now: float) -> CoreActions:
         """`out`, with the switches placement and rollouts decide now (none for one core)."""
@@ -247,7 +268,7 @@ class ModelCores:
         cores = min((core.next_deadline() for core in self._cores.values()), default=math.inf)
         scale = math.inf if self._draining else self._sizing.due()
         return min(cores, self._placing.next_check, self._versions.next_rollout_deadline(),
-                   scale)
+                   scale, self._stages.next_deadline())
 
     def _forget_empty(self) -> None:
         """Drop the core of a retired version once nothing is left in it."""
@@ -297,7 +318,7 @@ class ModelCores:
         out = CoreActions()
         for core in self._cores.values():
             out.extend(core.abandon())
-        return out
+        return self._staged_out(out, 0.0)  # errors all: each input answered with its own
 
     def ready_count(self) -> int:
         return sum(core.ready_count() for core in self._cores.values())

@@ -46,7 +46,7 @@ class Routing:
 
     def admit(self, items: list[Item], deadline_in: float, now: float, draining: bool
               ) -> bool:
-        core, arriving = self._core_for(items, deadline_in, now, draining)
+        core, arriving = self.core_for(items, deadline_in, now, draining)
         return core.admit(items, deadline_in, now, arriving) or arriving > 0
 
     def admit_all(self, requests: Sequence[tuple[list[Item], float]], now: float,
@@ -61,7 +61,7 @@ class Routing:
         for where in by_version.values():
             first = requests[where[0]]
             try:
-                core, arriving = self._core_for(first[0], first[1], now, draining)
+                core, arriving = self.core_for(first[0], first[1], now, draining)
             except BatchgateError as exc:
                 for at in where:
                     refusals[at] = exc
@@ -73,8 +73,8 @@ class Routing:
             turn = turn or must or arriving > 0
         return refusals, turn
 
-    def _core_for(self, items: list[Item], deadline_in: float, now: float, draining: bool
-                  ) -> tuple[DispatchCore, int]:
+    def core_for(self, items: list[Item], deadline_in: float, now: float, draining: bool
+                 ) -> tuple[DispatchCore, int]:
         """The core of the items' version and its workers on their way while it has none
         up, or the refusal: not served, or cold past the request's deadline."""
         versions = self._versions
