@@ -9,8 +9,10 @@
     ├── ClientClosed               http/door   the client left; its items were withdrawn
     ├── LeaderGone                 door/       a keyed request's leader ended unanswered
     ├── CoreUnavailable            gateway/    the core process is gone or not answering
-    ├── QueueFull, Overloaded (OverBudget, DeadlineUnreachable, NoWorkerReady),
-    │   Closed, DeadlineExceeded               batcher/: refused or out of time
+    ├── QueueFull, Overloaded (OverBudget, DeadlineUnreachable, NoWorkerReady,
+    │   GuardUnavailable), Closed, DeadlineExceeded   batcher/: refused or out of time
+    ├── Refused                                batcher/: a guard refused one input (the
+    │                                          answer is 422 only when it refused every one)
     ├── WorkerCrashed, NoHealthyWorker, ShuttingDown, QueryOfDeath, CallerRefused, ModelError
     │   (ContractViolation), IdempotencyMismatch    failover/: what happened to a batch
     ├── UnknownModel, ModelLoading, ModelFailing (Overloaded)  failover/: no such model, or
@@ -75,6 +77,9 @@ ERRORS: dict[str, ErrorCode] = {
                                       "default, or a weight): the message says what to do "
                                       "first; nothing changed"),
     "idempotency_key_reused": ErrorCode(422, "the same Idempotency-Key with another body"),
+    "refused": ErrorCode(422, "a guard of the model refused the input (with inputs: every "
+                              "input; some refused get a 200 with null in their place): "
+                              "error.refused lists each input's index, guard and reason"),
     "rate_limited": ErrorCode(429, "the key or account is over its tier's rate"),
     "caller_refused": ErrorCode(429, "this account's inputs (or anonymous inputs) killed "
                                      "workers again and again: refused for a while"),
@@ -91,6 +96,9 @@ ERRORS: dict[str, ErrorCode] = {
     "queue_full": ErrorCode(503, "the tier's queue is at its capacity"),
     "too_many_connections": ErrorCode(503, "the process holds --max-connections connections"),
     "no_healthy_worker": ErrorCode(503, "no worker is ready"),
+    "guard_unavailable": ErrorCode(503, "a guard of the model could not answer an input "
+                                        "within guard_timeout_ms and the model fails closed "
+                                        "(on_guard_failure); nothing ran past it"),
     "model_loading": ErrorCode(503, "the version holds no worker yet and its load ends past "
                                     "the request's deadline: Retry-After is the load's ETA"),
     "model_failing": ErrorCode(503, "the version holds no worker and its loads keep failing: "

@@ -51,6 +51,8 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     service = Service(settings, metrics, keys.tiers, pool=pool, identity=identity,
                       overrides=overrides)
     metrics.watch(service.snapshot)
+    catalogue = service.models.catalogue
+    metrics.name_guards(m for m in catalogue.models if catalogue.is_guard(m))
     # With kept answers in Redis, the rate limits cells share there, on their connection.
     durable = None if service.kept is None else service.kept.durable
     rates = rate_step(redis_client(durable), keys.tiers, metrics, service.clock.now)

@@ -274,14 +274,19 @@ class Door:
             raise DeadlineExceeded("the request's deadline passed before it was answered")
         if len(items) == 1:  # most requests: the same figures without the folds
             item = items[0]
-            return Answered(collation.outputs, (item.dispatched - item.arrived,),
-                            now - item.dispatched, (item.batch,),
-                            1 + item.attempts, item.version or "")
-        waits = tuple(i.dispatched - i.arrived for i in items)
-        batch = now - min(i.dispatched for i in items)
-        batch_ids = tuple(sorted({i.batch for i in items}))
-        return Answered(collation.outputs, waits, batch, batch_ids,
-                        1 + max(i.attempts for i in items), items[0].version or "")
+            answered = Answered(collation.outputs, (item.dispatched - item.arrived,),
+                                now - item.dispatched, (item.batch,),
+                                1 + item.attempts, item.version or "")
+        else:
+            waits = tuple(i.dispatched - i.arrived for i in items)
+            batch = now - min(i.dispatched for i in items)
+            batch_ids = tuple(sorted({i.batch for i in items}))
+            answered = Answered(collation.outputs, waits, batch, batch_ids,
+                                1 + max(i.attempts for i in items), items[0].version or "")
+        if collation.refused is None and collation.skipped is None:
+            return answered
+        return answered._replace(refused=tuple(sorted(collation.refused or ())),
+                                 skipped=tuple(collation.skipped or ()))
 
 
 class _Frame(Generic[C]):

@@ -18,7 +18,16 @@ from typing import Protocol
 import anyio
 
 from api.errors import ClientClosed, LeaderGone
-from api.http import Answered, ClientWatch, Job, PendingRequest, Rendered, answer_body
+from api.http import (
+    Answered,
+    ClientWatch,
+    Job,
+    PendingRequest,
+    Refusals,
+    Rendered,
+    answer_body,
+    guarded_answer,
+)
 from api.kept import (
     LEASE_MARGIN_S,
     BackedStore,
@@ -31,7 +40,7 @@ from api.kept import (
     StoredResponse,
 )
 from api.metrics import Metrics
-from batcher import Clock, DeadlineExceeded, Item, Tier
+from batcher import Clock, DeadlineExceeded, Item, Refused, Tier
 
 LINGER_S = 300.0
 """The longest a key stays in flight for a batch its leader left running: every way a batch
@@ -52,8 +61,9 @@ Refuse = Callable[[BaseException, Tier], Rendered]
 
 def is_kept(status: int) -> bool:
     """What running the request decided: its answer (2xx), or an error its own body causes
-    (400, 413, 422). Refusals (401, 429, 503), timeouts (504) and 5xx say nothing about the
-    request: a retry must run it, never replay them."""
+    (400, 413, 422: a guard's `refused` verdict on every input too). Refusals (401, 429,
+    503: `guard_unavailable` too), timeouts (504) and 5xx say nothing about the request: a
+    retry must run it, never replay them."""
     return 200 <= status < 300 or status in (400, 413, 422)
 
 
@@ -80,9 +90,14 @@ class KeptRequest(PendingRequest):
             return
         if self.failed or self.error is not None or self.remaining == 0:
             return  # ended by its own error, or already whole: nothing more to collect
-        if isinstance(result, BaseException):
+        if isinstance(result, Refused):  # a verdict, kept with the outputs
+            self.refuse(item, result)
+            self.remaining -= 1
+        elif isinstance(result, BaseException):
             self.failed = True
         else:
+            if item.skipped:
+                self.skip(item.skipped)
             self.outputs[item.index] = result
             self.remaining -= 1
         if self.running_on and (self.failed or self.remaining == 0):
@@ -173,9 +188,11 @@ class KeyedPath:
             try:
                 answered = await self._serve(job, client, register, pending)
                 # What ran goes with the answer, to be counted and timed where it is sent.
-                response = Rendered(200, answer_body(answered.outputs, job.single,
-                                                     model=answered.model), (),
-                                    answered.waits, answered.batch, answered.model)
+                status, body, headers = _answer(answered.outputs, job.single,
+                                                answered.refused, answered.skipped,
+                                                answered.model)
+                response = Rendered(status, body, headers, answered.waits, answered.batch,
+                                    answered.model)
             except ClientClosed as exc:  # no answer of its own: its joiners retry, or
                 # wait for what its inputs bring if they run on
                 self._linger(entry, pending, lease)
@@ -264,8 +281,9 @@ class KeyedPath:
             if lease is not None:
                 self._release_soon(lease)
             return
-        response = StoredResponse(200, answer_body(pending.outputs, job.single,
-                                                   model=pending.model))
+        response = StoredResponse(*_answer(
+            pending.outputs, job.single, tuple(sorted(pending.refused or ())),
+            tuple(pending.skipped or ()), pending.model))
         if lease is None:
             self._store.complete(entry, response, now, keep=True)
         elif not self._soon(lambda: self._keep_landed(entry, lease, response)):
@@ -311,6 +329,17 @@ class KeyedPath:
     def _backed_store(self) -> BackedStore:
         assert self._backed is not None
         return self._backed
+
+
+def _answer(outputs: list[str | None], single: bool, refused: Refusals,
+            skipped: tuple[str, ...], model: str
+            ) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
+    """The answer a keyed request's run gave, as it is kept: its guards' verdicts (a 422
+    when every input was refused) and the guards that failed open go with it, so that a
+    replay says the same."""
+    if refused or skipped:
+        return guarded_answer(outputs, single, refused, skipped, model=model)
+    return 200, answer_body(outputs, single, model=model), ()
 
 
 def _open(entry: Entry) -> bool:

@@ -15,7 +15,8 @@ model),
 `HOST_CLOCK`, counted from when the gateway sent it: a core that reads it late (stopped, a
 long turn) gives it only the time it has left, as a single process would have.
 Core -> gateway: ("ok", rid, outputs, waits, batch, batch_ids, attempts, model) for an
-`Answered`,
+`Answered`, with (refused, skipped) after `model` when a guard refused an input or failed
+open for one (a plain answer's frame stays as it was),
 ("no", rid, status, body, headers, waits, batch, model) for a `Rendered`, ("value", rid,
 value) for a call's value, ("error", rid, message) for a call that failed.
 """
@@ -54,6 +55,8 @@ def run_message(rid: int, job: Job, now: float | None = None) -> Message:
 
 def outcome_message(rid: int, outcome: Outcome) -> Message:
     if isinstance(outcome, Answered):
+        if outcome.refused or outcome.skipped:
+            return ("ok", rid, *outcome[:6], outcome.refused, outcome.skipped)
         return ("ok", rid, outcome.outputs, outcome.waits, outcome.batch, outcome.batch_ids,
                 outcome.attempts, outcome.model)
     return ("no", rid, outcome.status, outcome.body, outcome.headers, outcome.waits,

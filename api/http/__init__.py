@@ -59,12 +59,15 @@ from api.http.fastpath import (
     with_fast_path,
 )
 from api.http.jobs import (
+    GUARD_SKIPPED,
     Answered,
     Job,
     Outcome,
+    Refusals,
     Rendered,
     answer_body,
     answer_id,
+    guarded_answer,
     rendered,
 )
 from api.http.openapi import (
@@ -94,6 +97,7 @@ from api.http.routes import (
 __all__ = [
     "CONNECTION",
     "GC_THRESHOLDS",
+    "GUARD_SKIPPED",
     "HOT_PATH",
     "HOT_URL",
     "MIN_TIMEOUT_MS",
@@ -125,6 +129,7 @@ __all__ = [
     "PendingRequest",
     "RawCall",
     "ReceiveWatch",
+    "Refusals",
     "Rendered",
     "Routes",
     "Served",
@@ -136,6 +141,7 @@ __all__ = [
     "answer_body",
     "answer_id",
     "document",
+    "guarded_answer",
     "guarded_protocol",
     "header_map",
     "hot",

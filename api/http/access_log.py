@@ -26,7 +26,7 @@ from api.config import KeyRing, Principal, Settings
 from api.errors import ERRORS, Unauthorized
 from api.http.collation import TurnEnds
 from api.http.fastpath import HOT_PATH
-from api.http.jobs import Answered, Outcome
+from api.http.jobs import Answered, Outcome, all_refused
 
 REPLAYED = "idempotent-replayed"  # the header of an answer served from the store
 
@@ -123,6 +123,8 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
         status = ERRORS[code].status
     elif isinstance(outcome, Answered):
         answered, model = outcome, outcome.model or None
+        if outcome.refused and all_refused(outcome.outputs, outcome.refused):  # a 422
+            status, code, rid, model = ERRORS["refused"].status, "refused", None, None
     elif outcome is not None:  # rendered by the door: a refusal, an error or a kept answer
         status = outcome.status
         replayed = any(name.lower() == REPLAYED for name, _ in outcome.headers)

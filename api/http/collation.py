@@ -11,7 +11,7 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from starlette.types import Message, Receive
 
-from batcher import Item
+from batcher import Item, Refused
 
 QUIET = contextvars.Context()
 """The context of callbacks that read no context variable (a waiter's timer and disconnect
@@ -28,30 +28,59 @@ class Collation:
     core process about as much CPU as the dispatch itself.
     """
 
-    __slots__ = ("client_left", "error", "finished", "outputs", "remaining", "slot",
-                 "timed_out")
+    __slots__ = ("client_left", "error", "finished", "outputs", "refused", "remaining",
+                 "skipped", "slot", "timed_out")
 
     def __init__(self, n: int) -> None:
-        self.outputs: list[str] = [""] * n
+        self.outputs: list[str | None] = [""] * n
         self.remaining = n
         self.error: BaseException | None = None
         self.client_left = False
         self.timed_out = False
         self.finished = False
         self.slot = -1  # its deadline's slot in `Deadlines`, if it has one there
+        # None until the first: a request no guard refused or skipped pays nothing more.
+        self.refused: list[tuple[int, str, str]] | None = None  # (index, guard, reason)
+        self.skipped: list[str] | None = None  # guards that failed open, each once
 
     def item_done(self, item: Item, result: str | BaseException) -> None:
         if self.finished:
             return
         if isinstance(result, BaseException):
+            if isinstance(result, Refused):  # one input's verdict: the others go on
+                self.refuse(item, result)
+                self.remaining -= 1
+                if self.remaining == 0:
+                    self._end()
+                return
             self.error = result
             self._end()
             return
+        if item.skipped:
+            self.skip(item.skipped)
         self.outputs[item.index] = result
         self.remaining -= 1
         if self.remaining == 0:  # `_end`, inlined: a batch answers a hundred
             self.finished = True
             self.ended()
+
+    def refuse(self, item: Item, refused: Refused) -> None:
+        """A guard refused `item`: its output is None, and the answer names the guard and
+        its reason (never the guard's text). Counting it answered is the caller's."""
+        if item.skipped:
+            self.skip(item.skipped)
+        if self.refused is None:
+            self.refused = []
+        self.refused.append((item.index, refused.guard, refused.reason))
+        self.outputs[item.index] = None
+
+    def skip(self, guards: tuple[str, ...]) -> None:
+        """An input's `guards` failed open: the answer says so (`Guard-Skipped`)."""
+        if self.skipped is None:
+            self.skipped = []
+        for guard in guards:
+            if guard not in self.skipped:
+                self.skipped.append(guard)
 
     def expire(self) -> None:
         if not self.finished:

@@ -9,7 +9,9 @@ from typing import NamedTuple
 import orjson
 
 from api.config import Principal
-from api.errors import ApiError, error_body
+from api.errors import ERRORS, ApiError, error_body
+
+GUARD_SKIPPED = "Guard-Skipped"  # the header naming the guards that failed open
 
 
 class Job(NamedTuple):
@@ -31,15 +33,22 @@ class Job(NamedTuple):
         return None if self.idempotency is None else self.idempotency[0]
 
 
-class Answered(NamedTuple):
-    """The outputs, in order; the HTTP side renders them."""
+Refusals = tuple[tuple[int, str, str], ...]
+"""The inputs guards refused: (index, guard, reason), by index."""
 
-    outputs: list[str]
+
+class Answered(NamedTuple):
+    """The outputs, in order (None where a guard refused the input); the HTTP side renders
+    them."""
+
+    outputs: list[str | None]
     waits: tuple[float, ...]  # seconds each item waited in its queue
     batch: float  # seconds from the first item's dispatch to the answer
     batch_ids: tuple[int, ...] = ()  # the batches that answered it
     attempts: int = 1  # runs of its most-run item (more than 1: a worker died under it)
     model: str = ""  # the version that ran it ("topics@v2")
+    refused: Refusals = ()  # the inputs a guard refused
+    skipped: tuple[str, ...] = ()  # the guards that failed open for some input
 
     @property
     def queue(self) -> float:
@@ -68,7 +77,7 @@ def answer_id() -> str:
     return os.urandom(8).hex()
 
 
-def answer_body(outputs: list[str], single: bool, rid: str | None = None,
+def answer_body(outputs: list[str | None], single: bool, rid: str | None = None,
                 model: str = "") -> bytes:
     """The body of an answer the core ran, under `rid` (a new id if none is given), with
     the version that ran it."""
@@ -78,9 +87,36 @@ def answer_body(outputs: list[str], single: bool, rid: str | None = None,
     return orjson.dumps({"id": rid, "outputs": outputs, "model": model})
 
 
+def all_refused(outputs: list[str | None], refused: Refusals) -> bool:
+    """Every input was refused (the one of `{"input"}` included): the answer is 422."""
+    return bool(refused) and len(refused) == len(outputs)
+
+
+def guarded_answer(outputs: list[str | None], single: bool, refused: Refusals,
+                   skipped: tuple[str, ...], rid: str | None = None, model: str = ""
+                   ) -> tuple[int, bytes, tuple[tuple[str, str], ...]]:
+    """The status, body and headers of an answer the core ran where a guard refused an
+    input or failed open: 422 `refused` when every input was refused, else 200 with null
+    at the refused positions and their `refused` list (before `model`, which the access
+    log reads as the body's last field). A refusal names its guard and reason code, never
+    the guard's text; `Guard-Skipped` names the guards that failed open."""
+    headers = ((GUARD_SKIPPED, ", ".join(skipped)),) if skipped else ()
+    listed = [{"index": i, "guard": g, "reason": r} for i, g, r in sorted(refused)]
+    if all_refused(outputs, refused):
+        message = (f"refused by the guard {refused[0][1]}: {refused[0][2]}" if len(refused) == 1
+                   else "every input was refused by a guard")
+        return ERRORS["refused"].status, orjson.dumps({"error": {
+            "code": "refused", "message": message, "refused": listed}}), headers
+    if not refused:
+        return 200, answer_body(outputs, single, rid, model), headers
+    return 200, orjson.dumps({"id": rid or answer_id(), "outputs": outputs,
+                              "refused": listed, "model": model}), headers
+
+
 def rendered(err: ApiError) -> Rendered:
     """An error as the answer its client gets."""
     return Rendered(err.status, error_body(err.code, err.message), tuple(err.headers.items()))
 
 
-__all__ = ["Answered", "Job", "Outcome", "Rendered", "answer_body", "answer_id", "rendered"]
+__all__ = ["GUARD_SKIPPED", "Answered", "Job", "Outcome", "Refusals", "Rendered", "all_refused",
+           "answer_body", "answer_id", "guarded_answer", "rendered"]

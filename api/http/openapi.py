@@ -38,6 +38,7 @@ from api.http.openapi_schema import (
     header_ref,
     json_object,
     operation,
+    refusals_schema,
     string,
 )
 from api.http.parsing import MIN_TIMEOUT_MS, MODEL_NAME, Limits
@@ -52,6 +53,10 @@ ANSWER_EXAMPLES: dict[str, JsonObject] = {
     "one": {"value": {"id": "3159b9d8d7ae4279", "output": "sports", "model": "default@v1"}},
     "many": {"value": {"id": "f2572be43b88a77a", "outputs": ["weather", "business"],
                        "model": "default@v1"}},
+    "some_refused": {"value": {"id": "0d4e7d1c9a2b5f36", "outputs": ["weather", None],
+                               "refused": [{"index": 1, "guard": "safety",
+                                            "reason": "toxic"}],
+                               "model": "topics@v1"}},
 }
 
 
@@ -95,6 +100,10 @@ def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
                                 "description": "whole seconds to wait before retrying"},
                 "Idempotent-Replayed": {"schema": {"type": "string", "enum": ["true"]},
                                         "description": "the answer was stored or joined"},
+                "Guard-Skipped": {"schema": string(),
+                                  "description": "the guards (comma-separated) that could "
+                                                 "not answer for some input and were "
+                                                 "skipped: the model fails open"},
             },
         },
     }
@@ -140,7 +149,8 @@ def _batchstring() -> JsonObject:
     responses: JsonObject = {"200": {
         "description": "every input's output, in order",
         "headers": {"Server-Timing": header_ref("Server-Timing"),
-                    "Idempotent-Replayed": header_ref("Idempotent-Replayed")},
+                    "Idempotent-Replayed": header_ref("Idempotent-Replayed"),
+                    "Guard-Skipped": header_ref("Guard-Skipped")},
         "content": {JSON: {"schema": {"$ref": "#/components/schemas/Answer"},
                            "examples": ANSWER_EXAMPLES}}}}
     for status in statuses:
@@ -195,10 +205,13 @@ def _answer() -> JsonObject:
     model = {"type": "string", "pattern": f"^{MODEL_NAME.pattern}$",
              "description": "the version that ran it, model@version (`default@v1` with "
                             "`--model`)"}
-    outputs = {"type": "array", "items": string()}
+    outputs = {"type": "array", "items": {"type": ["string", "null"]},
+               "description": "each input's output, in order; null where a guard refused "
+                              "the input (`refused` says which and why)"}
     return {"oneOf": [json_object({"id": string(), "output": string(), "model": model},
                                   ["id", "output", "model"]),
-                      json_object({"id": string(), "outputs": outputs, "model": model},
+                      json_object({"id": string(), "outputs": outputs,
+                                   "refused": refusals_schema(), "model": model},
                                   ["id", "outputs", "model"])]}
 
 

@@ -25,6 +25,8 @@ def error_answer(status: int, hot: bool = False,
                "Idempotent-Replayed": header_ref("Idempotent-Replayed")} if hot else {}
     if hot and status in (429, 503):
         headers["Retry-After"] = header_ref("Retry-After")
+    if hot and status == 422:  # `refused`: a guard may have failed open for it too
+        headers["Guard-Skipped"] = header_ref("Guard-Skipped")
     return {
         "description": "; ".join(f"`{c}`: {e.when}" for c, e in codes.items()),
         **({"headers": headers} if headers else {}),
@@ -37,9 +39,20 @@ def error_answer(status: int, hot: bool = False,
 
 
 def error_schema(codes: list[str]) -> JsonObject:
-    error = json_object({"code": {"type": "string", "enum": codes}, "message": string()},
+    error = json_object({"code": {"type": "string", "enum": codes}, "message": string(),
+                         "refused": refusals_schema()},
                         ["code", "message"])
     return json_object({"error": error}, ["error"])
+
+
+def refusals_schema() -> JsonObject:
+    """The inputs guards refused (an answer's, or a `refused` error's): never the guard's
+    text, only its name and reason code."""
+    refusal = json_object({"index": {"type": "integer", "minimum": 0}, "guard": string(),
+                           "reason": {"type": "string", "pattern": "^[a-z0-9_]{1,64}$"}},
+                          ["index", "guard", "reason"])
+    return {"type": "array", "items": refusal, "minItems": 1,
+            "description": "each input a guard refused: its index, the guard and its reason"}
 
 
 def operation(what: str, schema: JsonObject) -> JsonObject:
@@ -67,4 +80,4 @@ def header_ref(name: str) -> JsonObject:
 
 
 __all__ = ["ADMIN_ONLY", "ERROR_REF", "JSON", "JsonObject", "error_answer", "error_schema",
-           "header_ref", "json_object", "operation", "string"]
+           "header_ref", "json_object", "operation", "refusals_schema", "string"]

@@ -23,7 +23,7 @@ from api.http.access_log import AccessLog, hot
 from api.http.calls import StatusCall
 from api.http.collation import QUIET, ClientWatch
 from api.http.fastpath import HttpCall, JsonAnswer
-from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id
+from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id, guarded_answer
 from api.http.parsing import Limits, parse_body, parse_timeout
 from api.metrics import Metrics, pool_capacity
 
@@ -197,6 +197,8 @@ def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
     writes it); a rendered outcome's body is the door's, as it is. Whatever ran for this
     request (an `Answered`, or a keyed request's own run) says its timings."""
     if isinstance(outcome, Answered):
+        if outcome.refused or outcome.skipped:
+            return _guarded(outcome, single)
         rid = answer_id()
         return JsonAnswer(answer_body(outcome.outputs, single, rid, outcome.model),
                           server_timing(outcome.queue, outcome.batch)), rid
@@ -205,6 +207,17 @@ def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
         headers["Server-Timing"] = server_timing(max(outcome.waits), outcome.batch)
     return Response(outcome.body, status_code=outcome.status, media_type=JSON,
                     headers=headers), None
+
+
+def _guarded(outcome: Answered, single: bool) -> tuple[Response, str | None]:
+    """An answer where a guard refused an input or failed open (`guarded_answer`); its id
+    only if it is a 200."""
+    rid = answer_id()
+    status, body, headers = guarded_answer(outcome.outputs, single, outcome.refused,
+                                           outcome.skipped, rid, outcome.model)
+    return Response(body, status_code=status, media_type=JSON, headers={
+        **dict(headers), "Server-Timing": server_timing(outcome.queue, outcome.batch)}), \
+        rid if status == 200 else None
 
 
 def server_timing(queue: float, batch: float) -> str:

@@ -95,6 +95,17 @@ class Metrics:
         self.gc_pause = Histogram(
             "batchgate_gc_pause_seconds", "Cyclic garbage collector pauses in this process",
             ["generation"], buckets=PAUSE_BUCKETS, registry=r)
+        self.guard_verdicts = Counter(
+            "batchgate_guard_verdicts",
+            "Verdicts of guard models on inputs and outputs: reason allow, or the refusal's",
+            ["guard", "reason"], registry=r)
+        self.guard_failures = Counter(
+            "batchgate_guard_failures",
+            "Inputs a guard could not answer in time; mode: on_guard_failure (closed "
+            "refused the input 503 guard_unavailable, open let it through unguarded)",
+            ["guard", "mode"], registry=r)
+        self._verdicts: dict[tuple[str, str], Any] = {}  # labelled children, made once
+        self._failures: dict[tuple[str, str], Any] = {}
         self._observe_gc: Callable[[], None] = _nothing  # the pauses noted since the last
         self._stats: StatsCollector | None = None
         # Labelled children looked up once (`labels()` costs more than the observation), by
@@ -145,6 +156,30 @@ class Metrics:
 
     def load_done(self, version: VersionKey, seconds: float) -> None:
         self.load_seconds.observe(seconds)
+
+    def guard_verdict(self, guard: str, reason: str, count: int = 1) -> None:
+        """`count` verdicts of `guard` (a model of the catalogue): `reason` "allow", or the
+        reason code of its refusal."""
+        child = self._verdicts.get((guard, reason))
+        if child is None:
+            child = self._verdicts[guard, reason] = self.guard_verdicts.labels(guard, reason)
+        child.inc(count)
+
+    def guard_failed(self, guard: str, mode: str, count: int = 1) -> None:
+        """`guard` could not answer `count` inputs in time; `mode`: the model's
+        on_guard_failure for them, "closed" or "open"."""
+        child = self._failures.get((guard, mode))
+        if child is None:
+            child = self._failures[guard, mode] = self.guard_failures.labels(guard, mode)
+        child.inc(count)
+
+    def name_guards(self, guards: Iterable[str]) -> None:
+        """The catalogue's guards: their series are there before any verdict (at zero),
+        so a dashboard's rate reads 0 rather than nothing."""
+        for guard in guards:
+            self.guard_verdict(guard, "allow", 0)
+            for mode in ("closed", "open"):
+                self.guard_failed(guard, mode, 0)
 
     def _request_children(self, tier: str, status: int, model: str, ran: bool
                           ) -> tuple[Any, Any]:

@@ -6,6 +6,7 @@ client installs httpx and this package alone, never the server.
     with Client("http://127.0.0.1:8000", api_key="paid-demo-key", timeout=10) as client:
         outputs = client.batchstring(texts)  # any number of inputs, outputs in order
         outputs = client.batchstring(texts, model="topics")  # outputs.model: "topics@v2"
+        outputs.refused  # {index: Refusal(guard, reason)}: inputs a guard refused (None)
 
 More than `max_inputs` (100) inputs go as several requests at once, collated in order. Each
 request carries an Idempotency-Key of its own, kept across its retries, so a retry never
@@ -23,7 +24,13 @@ retries, no I/O), `clients` (the I/O, blocking and async). It loads httpx and th
 library alone (a test holds it to that).
 """
 
-from batchgate_client.answers import Outputs, error_from, outputs_from, parse_retry_after
+from batchgate_client.answers import (
+    Outputs,
+    error_from,
+    outputs_from,
+    parse_retry_after,
+    refusals_from,
+)
 from batchgate_client.call import MAX_INPUTS, PATH, RetryPolicy
 from batchgate_client.clients import AsyncClient, Client
 from batchgate_client.errors import (
@@ -34,6 +41,7 @@ from batchgate_client.errors import (
     BatchgateError,
     ConnectionFailed,
     DeadlineExceeded,
+    GuardUnavailable,
     HeadersTooLarge,
     IdempotencyKeyReused,
     ModelError,
@@ -43,6 +51,8 @@ from batchgate_client.errors import (
     PayloadTooLarge,
     ProtocolError,
     RateLimited,
+    Refusal,
+    Refused,
     RequestTimeout,
     ServerError,
     Unauthorized,
@@ -54,10 +64,10 @@ from batchgate_client.errors import (
 
 __all__ = [
     "BY_CODE", "BY_STATUS", "MAX_INPUTS", "PATH", "RETRIED", "AsyncClient", "BadRequest",
-    "BatchgateError", "Client", "ConnectionFailed", "DeadlineExceeded", "HeadersTooLarge",
-    "IdempotencyKeyReused", "ModelError", "ModelLoading", "NoHealthyWorker", "Outputs",
-    "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited", "RequestTimeout",
-    "RetryPolicy", "ServerError", "Unauthorized", "Unavailable", "UnknownModel",
-    "Unprocessable", "UnsupportedMediaType", "error_from", "outputs_from",
-    "parse_retry_after",
+    "BatchgateError", "Client", "ConnectionFailed", "DeadlineExceeded", "GuardUnavailable",
+    "HeadersTooLarge", "IdempotencyKeyReused", "ModelError", "ModelLoading", "NoHealthyWorker",
+    "Outputs", "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited", "Refusal",
+    "Refused", "RequestTimeout", "RetryPolicy", "ServerError", "Unauthorized", "Unavailable",
+    "UnknownModel", "Unprocessable", "UnsupportedMediaType", "error_from", "outputs_from",
+    "parse_retry_after", "refusals_from",
 ]

@@ -21,6 +21,7 @@ from batchgate_client.errors import (
     ConnectionFailed,
     DeadlineExceeded,
     RateLimited,
+    Refused,
 )
 
 PATH = "/v1/batchstring"
@@ -54,11 +55,15 @@ class Call:
     """One request (at most `MAX_INPUTS` inputs) of a client's call, and its retries."""
 
     def __init__(self, inputs: list[str], model: str | None, deadline: float,
-                 policy: RetryPolicy, rng: random.Random, keyed: bool) -> None:
+                 policy: RetryPolicy, rng: random.Random, keyed: bool,
+                 part: bool = False) -> None:
+        """`part`: one of the requests of a split call, whose every input a guard may
+        refuse while another's are answered."""
         self.body: dict[str, Any] = {"inputs": inputs}
         if model is not None:
             self.body["model"] = model
         self.count, self.deadline, self.policy, self.rng = len(inputs), deadline, policy, rng
+        self.part = part
         self.key = uuid.uuid4().hex if keyed else None
         self.attempt = 0
 
@@ -79,7 +84,10 @@ class Call:
         ProtocolError for an answer that breaks the contract."""
         if response.status_code == 200:
             return outputs_from(response, self.count)
-        return self.failed(error_from(response), now)
+        error = error_from(response, self.count)
+        if isinstance(error, Refused) and self.part:  # the call's verdicts, collated
+            return Outputs([None] * self.count, (None,), error.refused)
+        return self.failed(error, now)
 
     def broke(self, exc: Exception, now: float) -> float:
         """Seconds to wait after an attempt that got no answer (`exc`: httpx's transport

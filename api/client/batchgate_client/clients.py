@@ -37,8 +37,9 @@ class _Base:
     def _calls(self, inputs: Sequence[str], model: str | None) -> list[Call]:
         deadline = self.clock() + self.timeout
         model = self.model if model is None else model
-        return [Call(chunk, model, deadline, self.retry, self.rng, self.keyed)
-                for chunk in chunks(list(inputs), self.max_inputs)]
+        parts = chunks(list(inputs), self.max_inputs)
+        return [Call(chunk, model, deadline, self.retry, self.rng, self.keyed, len(parts) > 1)
+                for chunk in parts]
 
     @staticmethod
     def _headers(api_key: str | None) -> dict[str, str]:
@@ -62,12 +63,14 @@ class Client(_Base):
                                   transport=transport)
 
     def batchstring(self, inputs: Sequence[str], model: str | None = None) -> Outputs:
-        """One output per input, in order (`.model`: the version that ran them); raises a
-        BatchgateError (see batchgate_client.errors): of several, the first to fail. `model`:
-        "topics" or "topics@v2" (None: the client's, else the server's first model)."""
+        """One output per input, in order (`.model`: the version that ran them; None where
+        a guard refused the input, `.refused` says why); raises a BatchgateError (see
+        batchgate_client.errors): of several, the first to fail; `Refused` when a guard
+        refused every input. `model`: "topics" or "topics@v2" (None: the client's, else the
+        server's first model)."""
         calls, stop = self._calls(inputs, model), threading.Event()
         if len(calls) <= 1:
-            return Outputs.joined([self._run(call, stop) for call in calls])
+            return Outputs.joined([self._run(call, stop) for call in calls]).whole()
         with concurrent.futures.ThreadPoolExecutor(min(len(calls), 8)) as pool:
             futures = [pool.submit(self._run, call, stop) for call in calls]
             try:
@@ -78,7 +81,7 @@ class Client(_Base):
                 for future in futures:
                     future.cancel()
                 raise
-        return Outputs.joined([future.result() for future in futures])
+        return Outputs.joined([future.result() for future in futures]).whole()
 
     def _run(self, call: Call, stop: threading.Event) -> Outputs:
         while not stop.is_set():
@@ -130,7 +133,7 @@ class AsyncClient(_Base):
         ExceptionGroup. `model` as the blocking client's."""
         calls = self._calls(inputs, model)
         if len(calls) <= 1:
-            return Outputs.joined([await self._run(call) for call in calls])
+            return Outputs.joined([await self._run(call) for call in calls]).whole()
         results: list[Outputs] = [Outputs() for _ in calls]
         failures: list[Exception] = []
 
@@ -146,7 +149,7 @@ class AsyncClient(_Base):
                 tg.start_soon(run, i, tg.cancel_scope)
         if failures:
             raise failures[0]
-        return Outputs.joined(results)
+        return Outputs.joined(results).whole()
 
     async def _run(self, call: Call) -> Outputs:
         while True:

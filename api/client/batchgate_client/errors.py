@@ -9,7 +9,9 @@
     ├── HeadersTooLarge         431  headers_too_large
     ├── Unprocessable           422  empty_inputs, too_many_inputs
     │   ├── IdempotencyKeyReused     idempotency_key_reused
-    │   └── UnknownModel             unknown_model: no such model or version served now
+    │   ├── UnknownModel             unknown_model: no such model or version served now
+    │   └── Refused                  refused: a guard refused every input of the call
+    │                                (.refused; some refused: `Outputs.refused`, no error)
     ├── RateLimited             429  retried
     ├── ServerError             500  internal
     │   └── ModelError               model_error, contract_violation, query_of_death
@@ -18,6 +20,8 @@
     │   │                            too_many_connections
     │   ├── ModelLoading             model_loading: the version is loading, and Retry-After
     │   │                            says when it should be up
+    │   ├── GuardUnavailable         guard_unavailable: a guard could not answer in time
+    │   │                            and the model fails closed
     │   └── NoHealthyWorker          no_healthy_worker, worker_crashed, retry, shutting_down,
     │                                model_failing, model_unplaceable, core_unavailable,
     │                                state_unavailable
@@ -30,6 +34,8 @@ would load the server into every client); `ProtocolError` is the client's own.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class BatchgateError(Exception):
@@ -82,6 +88,28 @@ class UnknownModel(Unprocessable):
     catalogue changes while it serves)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A guard's verdict on one input: the guard (a model of the server's catalogue) and
+    its reason code; never the guard's text."""
+
+    guard: str
+    reason: str
+
+
+class Refused(Unprocessable):
+    """A guard refused every input of the call; `refused` says which guard and why, by the
+    input's index in the call. (A call of which only some inputs were refused returns its
+    outputs, None at those, with the same record in `Outputs.refused`.) Never retried: the
+    same inputs get the same verdicts."""
+
+    def __init__(self, message: str, code: str = "", status: int | None = None,
+                 retry_after: float | None = None,
+                 refused: dict[int, Refusal] | None = None) -> None:
+        super().__init__(message, code, status, retry_after)
+        self.refused = refused if refused is not None else {}
+
+
 class RateLimited(BatchgateError):
     status = 429
 
@@ -112,6 +140,12 @@ class NoHealthyWorker(Unavailable):
     pass
 
 
+class GuardUnavailable(Unavailable):
+    """A guard of the model could not answer an input in time and the model fails closed
+    (its output is never given unguarded). Retried, as every 503, while the deadline
+    allows."""
+
+
 class DeadlineExceeded(BatchgateError, TimeoutError):
     """A 504, or the call's deadline passed here: before an attempt, or during one (the
     attempt's timeouts are what was left of the deadline)."""
@@ -125,9 +159,10 @@ class ConnectionFailed(BatchgateError):
 
 class ProtocolError(BatchgateError, ValueError):
     """The server answered, but not as batchgate does: a 200 that is not JSON, or not
-    `{"outputs": [str, ...]}` with one string per input, or a status batchgate never sends
-    (1xx, 2xx but 200, 3xx). `.status` is the answer's. Never retried: a keyed retry would
-    be given the same answer again, and a server that breaks the contract once may again."""
+    `{"outputs": [...]}` with one string per input (null only at the inputs its `refused`
+    names), or a status batchgate never sends (1xx, 2xx but 200, 3xx). `.status` is the
+    answer's. Never retried: a keyed retry would be given the same answer again, and a
+    server that breaks the contract once may again."""
 
 
 BY_STATUS: dict[int, type[BatchgateError]] = {
@@ -138,6 +173,8 @@ BY_CODE: dict[str, type[BatchgateError]] = {
     "idempotency_key_reused": IdempotencyKeyReused,
     "unknown_model": UnknownModel,
     "model_loading": ModelLoading,
+    "refused": Refused,
+    "guard_unavailable": GuardUnavailable,
     **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
     **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
@@ -150,8 +187,8 @@ RETRIED = (ConnectionFailed, RequestTimeout, RateLimited, Unavailable)
 
 __all__ = [
     "BY_CODE", "BY_STATUS", "RETRIED", "BadRequest", "BatchgateError", "ConnectionFailed",
-    "DeadlineExceeded", "HeadersTooLarge", "IdempotencyKeyReused", "ModelError",
-    "ModelLoading", "NoHealthyWorker", "Overloaded", "PayloadTooLarge", "ProtocolError",
-    "RateLimited", "RequestTimeout", "ServerError", "Unauthorized", "Unavailable",
-    "UnknownModel", "Unprocessable", "UnsupportedMediaType",
+    "DeadlineExceeded", "GuardUnavailable", "HeadersTooLarge", "IdempotencyKeyReused",
+    "ModelError", "ModelLoading", "NoHealthyWorker", "Overloaded", "PayloadTooLarge",
+    "ProtocolError", "RateLimited", "Refusal", "Refused", "RequestTimeout", "ServerError",
+    "Unauthorized", "Unavailable", "UnknownModel", "Unprocessable", "UnsupportedMediaType",
 ]
