@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batcher import Tier, VersionKey
 from failover.sim.meter import Figures
@@ -24,6 +24,7 @@ class Outcome:
     scaling: dict[tuple[str, str], int]  # the rule's events: (direction, reason) -> count
     events: int  # requests offered and pool events handled
     wall_s: float  # seconds of real time the run took
+    fill: dict[str, float] = field(default_factory=dict)  # per model: mean inputs a batch
 
     def tally(self, tier: Tier | None = None, model: str | None = None) -> Tally:
         """The streams of `tier` for `model` (None: any), merged."""

@@ -12,6 +12,10 @@ so the day begins with them up; arrivals come in `[0, duration_s)`, each request
 as the door admits one (`Clients`). GPU-seconds count over the day; after it, the run waits
 `drain_s` for the requests still open (None: until each is answered or given up at its
 deadline) and then ends.
+
+A model may be guarded (`pre`, `post`, `guard_mode`: the catalogue's keys) by guard models
+of the world, whose contract workers answer a verdict for each input (`Model.verdict`), so
+a run measures what the guard stages cost with nothing but the policy in the way.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from failover.sim.loop import run_virtual
 from failover.sim.outcome import Outcome
 from failover.sim.pool import ContractPool, Death
 from failover.sim.record import Record
-from gpu_pool import Load
+from gpu_pool import Load, Ok, Run
 
 VERSION = "v1"  # each simulated model has one version
 
@@ -60,6 +64,11 @@ class Model:
     min_workers: int = 1
     max_workers: int | None = None
     idle_unload_s: float = 600.0
+    pre: tuple[str, ...] = ()  # guard models of the world run before it, in order
+    post: tuple[str, ...] = ()  # and after it
+    guard_mode: str = "sequential"
+    guard_timeout_s: float | None = None  # None: the catalogue's default
+    verdict: Callable[[str], str] | None = None  # a guard: its answer for an input
 
     @property
     def version(self) -> VersionKey:
@@ -67,9 +76,19 @@ class Model:
 
     def config(self) -> ModelConfig:
         hint = self.load_s if self.load_s > 0 else None
-        return ModelConfig(self.name, VERSION, {VERSION: VersionConfig(VERSION, "sim", hint)},
-                           min_workers=self.min_workers, max_workers=self.max_workers,
-                           idle_unload_s=self.idle_unload_s)
+        config = ModelConfig(self.name, VERSION, {VERSION: VersionConfig(VERSION, "sim", hint)},
+                             min_workers=self.min_workers, max_workers=self.max_workers,
+                             idle_unload_s=self.idle_unload_s, pre=self.pre, post=self.post,
+                             guard_mode=self.guard_mode)
+        if self.guard_timeout_s is None:
+            return config
+        return dataclasses.replace(config, guard_timeout_s=self.guard_timeout_s)
+
+    def answer(self, load: Load, run: Run) -> Ok:
+        """A contract worker's answer: each input itself, or a guard's verdict on it."""
+        verdict = self.verdict
+        outputs = run.inputs if verdict is None else tuple(verdict(t) for t in run.inputs)
+        return Ok(run.batch_id, outputs, load.floor(None))
 
 
 Rule = Callable[[ContractPool], Scaler]
@@ -135,8 +154,16 @@ class _Run:
         def load(version: VersionKey) -> Load:
             return Load(version, "sim", w.model(version).batch_s)
 
+        self.fills: dict[str, list[int]] = {m.name: [0, 0] for m in w.models}
+
+        def answer(load: Load, run: Run) -> Ok:
+            fill = self.fills[load.version.model]
+            fill[0] += 1
+            fill[1] += len(run.inputs)
+            return w.model(load.version).answer(load, run)
+
         self.pool = ContractPool([], lambda v: w.model(v).load_s, w.backoff, w.deaths,
-                                 (0.0, w.duration_s))
+                                 (0.0, w.duration_s), answer)
         rule = w.rule(self.pool) if w.rule is not None else Scaler(
             ScalerSettings(w.workers, max(w.workers, 1)))
         self.models = ModelCores(w.catalogue(), make_core, w.placement(), Capacity(rule),
@@ -168,7 +195,8 @@ class _Run:
             w.duration_s,
             pool.figures(end), dict(models.loads),
             {} if gauges is None else dict(gauges.events),
-            sum(t.offered for t in self.record.tallies) + pool.counts.fired, 0.0)
+            sum(t.offered for t in self.record.tallies) + pool.counts.fired, 0.0,
+            {m: items / batches for m, (batches, items) in self.fills.items() if batches})
 
 
 __all__ = ["Model", "Rule", "World", "simulate"]
