@@ -116,6 +116,13 @@ carries its inputs' tags to the worker, which keeps the answers of its last keye
 for the next core (`gpu_pool.Salvage`): a resent request is answered from them."""
 
 
+class Staged(ItemSink, Protocol):
+    """An input's way through guard stages (`failover.fleet.stages.Route`), as the door asks
+    it: whether a stage item of it runs in a batch now."""
+
+    def in_flight(self) -> bool: ...
+
+
 @dataclass(slots=True, eq=False)
 class Item:
     """One input string on its way through the queue, a batch, and back to its sink.
@@ -143,7 +150,7 @@ class Item:
     version: VersionKey | None = None  # the version it runs on; None: the first model's
     tag: Tag | None = None  # a keyed input's name, which its batch carries to the worker
     skipped: tuple[str, ...] = ()  # guards that failed open for it: its answer says so
-    route: ItemSink | None = None  # its way through guard stages (`failover.fleet.stages`)
+    route: Staged | None = None  # its way through guard stages (`failover.fleet.stages`)
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

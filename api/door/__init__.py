@@ -16,7 +16,7 @@ from api.door.app import (
     supervised,
 )
 from api.door.door import Admitted, Core, Door
-from api.door.keyed import KeyedPath, is_kept
+from api.door.keyed import KeptRequest, KeyedPath, is_kept
 from api.door.limits import Check, Checked, RateLimiter, RateStep, TokenBucket, pressure_factor
 from api.door.local import LocalCore, LocalRoute
 from api.door.service import (
@@ -41,6 +41,7 @@ __all__ = [
     "Core",
     "CoreParts",
     "Door",
+    "KeptRequest",
     "KeyedPath",
     "LocalCore",
     "LocalRoute",

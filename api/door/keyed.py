@@ -110,7 +110,8 @@ class KeptRequest(PendingRequest):
         that never started cannot be kept, and then every input is withdrawn."""
         if not (self.timed_out or self.client_left) or self.error is not None:
             return False
-        if not all(item.done or item.flights > 0 for item in items):
+        if not all(item.done or item.flights > 0
+                   or (item.route is not None and item.route.in_flight()) for item in items):
             return False
         self.running_on = True
         if self.failed or self.remaining == 0:  # landed between its end and now

@@ -106,7 +106,7 @@ class Route:
     def __init__(self, item: Item, pipeline: Pipeline) -> None:
         self.input, self.pipeline = item, pipeline
         self.at = 0  # the stage it is in (parallel: the model's, once every item started)
-        self.running: dict[ItemId, int] = {}  # stage item -> its stage
+        self.running: dict[ItemId, tuple[int, Item]] = {}  # stage item: its stage, itself
         self.output: str | None = None  # the model's, while its post guards run
         self.held: str | BaseException | None = None  # parallel: what ends the pre stages
         self.skipped: list[str] = []  # guards that failed open
@@ -141,16 +141,17 @@ class Route:
             source.deadline
         item = Item(ids(), text, source.tier, source.arrived, deadline, self, source.index,
                     caller=source.caller, version=version)
-        self.running[item.id] = at
+        self.running[item.id] = at, item
         return item
 
     def advance(self, item: Item, result: str | BaseException) -> str | BaseException | None:
         """Stage item `item` settled with `result`: the input's answer, or None while it
         goes on (`at` moved to the next stage, whose items `next_items` makes) or waits
         (for its other parallel items, or a stale item's result came)."""
-        at = self.running.pop(item.id, None)
-        if at is None or self.done:
+        entry = self.running.pop(item.id, None)
+        if entry is None or self.done:
             return None  # stale: the route went on without it (timed out, answered)
+        at = entry[0]
         stage, source = self.pipeline.stages[at], self.input
         if not source.dispatched and item.dispatched:  # its wait: until its first stage ran
             source.dispatched = item.dispatched
@@ -177,9 +178,10 @@ class Route:
     def said(self, item: Item, result: str | BaseException) -> tuple[str, str, bool] | None:
         """What a guard stage item's `result` tells the metrics (`CoreActions.guards`),
         before `advance` takes it; None for the model's stage, or a stale item."""
-        at = self.running.get(item.id)
-        if at is None or self.done or not self.pipeline.stages[at].guard:
+        entry = self.running.get(item.id)
+        if entry is None or self.done or not self.pipeline.stages[entry[0]].guard:
             return None
+        at = entry[0]
         guard = self.pipeline.stages[at].model
         if isinstance(result, BaseException):
             if not isinstance(result, CANNOT_ANSWER) or isinstance(result, Closed):
@@ -190,6 +192,11 @@ class Route:
         if verdict is None:
             return None
         return guard, verdict.group(1) or "allow", False
+
+    def in_flight(self) -> bool:
+        """Whether one of its stage items is in a batch now (its input runs on when its
+        request ends unanswered: `api.door.keyed.KeptRequest.runs_on`)."""
+        return any(item.flights > 0 for _, item in self.running.values())
 
     def waiting(self) -> bool:
         """Whether it waits for items of its stage (else `next_items` starts the next)."""

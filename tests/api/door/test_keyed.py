@@ -18,12 +18,20 @@ import pytest
 from anyio.abc import TaskGroup
 
 from api.config import Principal, TierPolicy
-from api.door import Door, KeyedPath, RateLimiter, is_kept
+from api.door import Door, KeptRequest, KeyedPath, RateLimiter, is_kept
 from api.errors import ApiError, RateLimited, to_api_error
 from api.http import Answered, ClientWatch, Job, Outcome, Rendered, rendered
 from api.kept import MemoryIdempotencyStore
 from api.metrics import Metrics
-from batcher import BatchgateError, DeadlineExceeded, MonotonicClock, OverBudget, Tier
+from batcher import (
+    BatchgateError,
+    DeadlineExceeded,
+    Item,
+    ItemId,
+    MonotonicClock,
+    OverBudget,
+    Tier,
+)
 from failover import ModelError, ShuttingDown, WorkerCrashed
 from tests.api.door.fakes import ONE_VERSION, REPLAYED, ROOMY, Client, QueueCore, keyed
 
@@ -345,3 +353,31 @@ async def test_a_leaders_own_run_carries_its_version_and_waits_and_a_replay_carr
     assert answer.model == ONE_VERSION == orjson.loads(answer.body)["model"]
     assert len(answer.waits) == 1 and answer.batch >= 0
     assert isinstance(later, Rendered) and (later.waits, later.model) == ((), "")
+
+
+class _Stages:
+    """An input's way through guard stages, as the door asks it (`batcher.Staged`)."""
+
+    def __init__(self, flying: bool) -> None:
+        self.flying = flying
+
+    def in_flight(self) -> bool:
+        return self.flying
+
+    def item_done(self, item: Item, result: str | BaseException) -> None:
+        raise AssertionError("the door never settles a stage's item")
+
+
+@pytest.mark.parametrize("flying", [True, False])
+async def test_a_guarded_input_runs_on_past_its_deadline_only_while_a_stage_of_it_runs(
+        flying: bool) -> None:
+    """What ran is kept: an input between guard stages is in no batch of its own, but one
+    whose stage item is in a batch runs on, and its answer is kept when it lands."""
+    landed: list[KeptRequest] = []
+    request = KeptRequest(1, landed.append)
+    item = Item(ItemId(1), "x", Tier.PAID, 0.0, 1.0, request, route=_Stages(flying))
+    request.expire()
+    assert request.runs_on([item]) is flying
+    if flying:
+        request.item_done(item, "X")
+        assert landed == [request] and request.outputs == ["X"]

@@ -162,6 +162,17 @@ class World:
         return [g[0] for g in got]
 
 
+def assert_failed_as_asked(w: World, items: list[Item], opens: bool) -> None:
+    """The guard could not answer "a": open, it went on unguarded and says so; closed, it
+    is answered guard_unavailable and never reached the model."""
+    got = w.answers(items)[0]
+    if opens:
+        assert got == "out:a" and items[0].skipped == ("safety",)
+    else:
+        assert isinstance(got, GuardUnavailable)
+        assert "topics" not in w.ran
+
+
 @pytest.fixture
 def world() -> Iterator[World]:
     w = World(catalogue())
@@ -222,12 +233,7 @@ def test_a_guard_with_no_worker_fails_as_the_tier_asks(failure: str, tier: Tier,
             assert not opens
             return
         w.run(2.0)
-        got = w.answers(items)[0]
-        if opens:
-            assert got == "out:a" and items[0].skipped == ("safety",)
-        else:
-            assert isinstance(got, GuardUnavailable)
-            assert "topics" not in w.ran
+        assert_failed_as_asked(w, items, opens)
     finally:
         w.steps.close()
 
@@ -277,12 +283,7 @@ def test_a_guard_too_slow_for_its_share_fails_as_asked(failure: str, opens: bool
         items = w.submit(["a"])
         w.run(0.31)  # its share, and a little: the model's batch has begun, or it is answered
         w.run(1.0)
-        got = w.answers(items)[0]
-        if opens:
-            assert got == "out:a" and items[0].skipped == ("safety",)
-        else:
-            assert isinstance(got, GuardUnavailable)
-            assert "topics" not in w.ran
+        assert_failed_as_asked(w, items, opens)
         assert w.guards == [("failed", "safety", "open" if opens else "closed")]
     finally:
         w.steps.close()
@@ -401,3 +402,14 @@ def test_a_guard_share_queued_behind_a_hung_batch_runs_out_on_time() -> None:
         assert w.answers(queued) == ["out:y"] and queued[0].skipped == ("safety",)
     finally:
         w.steps.close()
+
+
+def test_an_input_is_in_flight_while_a_stage_item_of_it_is_in_a_batch(world: World) -> None:
+    """What the keyed path asks as a request ends unanswered (`KeptRequest.runs_on`)."""
+    items = world.submit(["a"])
+    route = items[0].route
+    assert route is not None
+    world.run(0.05)  # its guard batch runs (cut within max_wait)
+    assert route.in_flight()
+    world.run(1.0)
+    assert world.answers(items) == ["out:a"] and not route.in_flight()
