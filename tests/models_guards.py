@@ -43,6 +43,17 @@ def hang(inputs: list[str]) -> list[str]:
     return [ALLOW] * len(inputs)
 
 
+SLOW_S = 1.5  # past a guard's share of 300 ms, well inside a request's 5 s
+
+
+def slow(inputs: list[str]) -> list[str]:
+    """Take `SLOW_S` on a batch holding an input containing SLOW (a guard too slow for its
+    share, that then answers: a server stops without waiting out a hang); allow all."""
+    if any("SLOW" in s for s in inputs):
+        time.sleep(SLOW_S)
+    return [ALLOW] * len(inputs)
+
+
 def crash(inputs: list[str]) -> list[str]:
     """Die (`os._exit(1)`) on a batch holding an input containing CRASH; allow otherwise."""
     if any("CRASH" in s for s in inputs):
@@ -71,6 +82,7 @@ def leak_model(inputs: list[str]) -> list[str]:
 __all__ = [
     "ALLOW",
     "GUARD_LOG_VARIABLE",
+    "SLOW_S",
     "allow_all",
     "bad_verdict",
     "crash",
@@ -79,4 +91,5 @@ __all__ = [
     "logged_refuse_marker",
     "refuse_marker",
     "refuse_output_marker",
+    "slow",
 ]

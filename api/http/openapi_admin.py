@@ -75,6 +75,9 @@ MODELS_REF = {"$ref": "#/components/schemas/Models"}
 MODELS_EXAMPLE = {"models": [{
     "name": "topics", "default": "v2", "serving_default": "v1", "weights": {},
     "min_workers": 1, "max_workers": 4, "idle_unload_s": 600.0, "set_by_admin": ["default"],
+    "pre": ["safety"], "post": [], "guard_mode": "sequential",
+    "on_guard_failure": {"paid": "closed", "free": "closed"}, "guard_timeout_ms": 300,
+    "with_input": False,
     "versions": [
         {"version": "v1", "spec": "minilm", "state": "resident", "resident_workers": 2,
          "loading": 0, "queued": 3, "load_s": 4.2, "load_s_hint": None,
@@ -82,6 +85,24 @@ MODELS_EXAMPLE = {"models": [{
         {"version": "v2", "spec": "mypkg.topics_v2:batchstring", "state": "loading",
          "resident_workers": 0, "loading": 1, "queued": 0, "load_s": None,
          "load_s_hint": 40.0, "retired_by_admin": False}]}]}
+
+
+def guard_keys() -> JsonObject:
+    """A model's guard stages, as the models file says them (docs/guards.md)."""
+    names = {"type": "array", "items": string()}
+    mode = {"type": "string", "enum": ["closed", "open"]}
+    return {
+        "pre": {**names, "description": "guard models run on each input before it"},
+        "post": {**names, "description": "guard models run on each output after it"},
+        "guard_mode": {"type": "string", "enum": ["sequential", "parallel"]},
+        "on_guard_failure": {"type": "object", "properties": {"paid": mode, "free": mode},
+                             "description": "per tier: what an input whose guard cannot "
+                             "answer gets"},
+        "guard_timeout_ms": {"type": "number", "description": "a guard's share of the "
+                             "deadline"},
+        "with_input": {"type": "boolean", "description": "as a post guard, it reads "
+                       "{\"input\", \"output\"}"},
+    }
 
 
 def models_schema() -> JsonObject:
@@ -107,9 +128,10 @@ def models_schema() -> JsonObject:
         "idle_unload_s": {"type": "number"}, "versions": {"type": "array", "items": version},
         "set_by_admin": {"type": "array", "items": {"type": "string", "enum": ["default", "weights",
                                             "min_workers", "max_workers"]},
-                         "description": "the settings the admin API set, over the file's"}},
+                         "description": "the settings the admin API set, over the file's"},
+        **guard_keys()},
         ["name", "default", "serving_default", "weights", "min_workers", "max_workers",
-         "idle_unload_s", "versions", "set_by_admin"])
+         "idle_unload_s", "versions", "set_by_admin", *guard_keys()])
     refused = json_object({"file": string(), "reason": string()}, ["file", "reason"])
     return json_object({
         "models": {"type": "array", "items": model},

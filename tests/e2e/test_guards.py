@@ -85,20 +85,21 @@ def test_in_parallel_the_model_runs_a_refused_input_whose_output_never_leaves(
 
 def test_a_guard_that_cannot_answer_fails_open_or_closed_as_the_tier_asks(
         gateways: int, tmp_path: Path) -> None:
-    """The guard hangs on HANG: paid fails open (the answer names the guard skipped), free
-    fails closed (503 guard_unavailable); both long before the request's deadline."""
+    """The guard takes 1.5 s on SLOW, past its 300 ms share: paid fails open (the answer
+    names the guard skipped), free fails closed (503 guard_unavailable); both long before
+    the request's deadline (5 s)."""
     extra = 'on_guard_failure = { paid = "open", free = "closed" }\nguard_timeout_ms = 300'
-    with serve(tmp_path, extra=extra, guard="hang") as server:
+    with serve(tmp_path, extra=extra, guard="slow") as server:
         began = time.monotonic()
-        paid = post(server, {"input": "HANG paid"}, PAID)
+        paid = post(server, {"input": "SLOW paid"}, PAID)
         paid_s = time.monotonic() - began
         began = time.monotonic()
-        free = post(server, {"input": "HANG free"}, FREE)
+        free = post(server, {"input": "SLOW free"}, FREE)
         free_s = time.monotonic() - began
     assert paid.status_code == 200, paid.text
-    assert paid.json()["output"] == expected("HANG paid")
+    assert paid.json()["output"] == expected("SLOW paid")
     assert paid.headers["Guard-Skipped"] == "safety"
     assert free.status_code == 503 and free.json()["error"]["code"] == "guard_unavailable"
     assert "Retry-After" in free.headers
-    assert "HANG free" not in ran(tmp_path)
+    assert "SLOW free" not in ran(tmp_path)
     assert paid_s < 4.0 and free_s < 4.0, (paid_s, free_s)  # the deadline is 5 s
