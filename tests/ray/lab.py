@@ -19,6 +19,8 @@ import httpx
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.e2e.helpers import EXAMPLE_KEYS
+
 SLOT = "batchgate_slot"  # the custom resource each worker actor holds
 SLOTS_PER_NODE = 2
 SLOW_LOAD_S = 3.0  # how long `tests.ray.slow_load`'s model takes to load
@@ -75,6 +77,13 @@ class Lab:
         """`batchgate serve` flags for a server whose workers live in this cluster."""
         return ["--pool", "ray", "--ray-address", self.address,
                 "--ray-worker-resources", SLOT]
+
+    def serve_models(self, folder: Path, catalogue: str) -> list[str]:
+        """The flags for a server in this cluster serving `catalogue` (a models file's text,
+        written into `folder`) with the example keys."""
+        models = folder / "models.toml"
+        models.write_text(catalogue)
+        return [*self.serve_args(), "--keys", str(EXAMPLE_KEYS), "--models", str(models)]
 
 
 def kill_actor(pid: int) -> None:

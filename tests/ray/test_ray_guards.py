@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
 from loadtest.server import running_server
-from tests.e2e.helpers import EXAMPLE_KEYS
 from tests.ray.lab import Lab, up, wait_workers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -35,10 +34,7 @@ spec = "tests.models_guards:refuse_output_marker"
 async def test_guards_run_on_actors_of_their_own_and_refuse_per_input(
     lab: Lab, tmp_path: Path,
 ) -> None:
-    models = tmp_path / "models.toml"
-    models.write_text(MODELS)
-    args = [*lab.serve_args(), "--keys", str(EXAMPLE_KEYS), "--models", str(models)]
-    with running_server(3, "sim", args) as srv:
+    with running_server(3, "sim", lab.serve_models(tmp_path, MODELS)) as srv:
         workers = await wait_workers(srv.url, lambda ws: len(up(ws)) == 3)
         assert sorted(w["version"] for w in workers) == ["leak@v1", "safety@v1", "topics@v1"]
         async with httpx.AsyncClient(base_url=srv.url, headers=PAID, timeout=30) as client:

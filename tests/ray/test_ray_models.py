@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
 from loadtest.server import running_server
-from tests.e2e.helpers import EXAMPLE_KEYS
 from tests.models_versions import v1, v2
 from tests.ray.lab import ADMIN, Lab, up, wait_workers
 
@@ -44,10 +43,7 @@ async def answer(client: httpx.AsyncClient, model: str, text: str) -> tuple[str,
 async def test_two_models_on_ray_actors_and_a_rollout_switches_an_actor(
     lab: Lab, tmp_path: Path,
 ) -> None:
-    models = tmp_path / "models.toml"
-    models.write_text(MODELS)
-    args = [*lab.serve_args(), "--keys", str(EXAMPLE_KEYS), "--models", str(models)]
-    with running_server(3, "sim", args) as srv:
+    with running_server(3, "sim", lab.serve_models(tmp_path, MODELS)) as srv:
         before = await wait_workers(srv.url, lambda ws: len(up(ws)) == 3)
         assert sorted(w["version"] for w in before) == ["a@v1", "a@v1", "b@v1"]
         assert {w["node"] for w in before} <= set(lab.worker_nodes())
