@@ -7,8 +7,9 @@ limits learned from recent batch times (`BatchTimes`).
 is the one task that feeds it events and performs its actions.
 """
 
+from failover.actions import CoreActions, Send
 from failover.build import CoreSettings, build_core
-from failover.core import CoreActions, CoreStatistics, Demand, DispatchCore, Refusal, Send
+from failover.core import CoreStatistics, Demand, DispatchCore, Refusal
 from failover.errors import (
     ContractViolation,
     ModelError,

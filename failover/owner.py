@@ -25,7 +25,8 @@ import anyio.lowlevel
 from anyio.abc import TaskStatus
 
 from batcher import Clock, FlushReason, Item, Tier, VersionKey
-from failover.core import CoreActions, CoreStatistics, Refusal
+from failover.actions import CoreActions
+from failover.core import CoreStatistics, Refusal
 from failover.errors import ModelLoading
 from gpu_pool import Err, Load, Ok, Pool, StartId, WorkerId
 
