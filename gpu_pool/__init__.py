@@ -10,6 +10,7 @@ imported only where Ray is wanted (it is an optional dependency, and importing `
 must not import it).
 """
 
+from gpu_pool.attach import listening, stat_of
 from gpu_pool.load import DEFAULT_VERSION, Load
 from gpu_pool.models import (
     BUILTIN_MODELS,
@@ -64,11 +65,13 @@ __all__ = [
     "WorkerInfo",
     "WorkerPool",
     "default_latency_floor",
+    "listening",
     "load_model",
     "load_worker",
     "missing_extra",
     "parse_resources",
     "run_batch",
+    "stat_of",
     "uses_gpu",
     "validate_spec",
     "worker_main",

@@ -37,28 +37,48 @@ def attachable(folder: str, slots: Collection[int]) -> dict[int, Found]:
     found: dict[int, Found] = {}
     keeper = os.getppid()
     Path(folder).mkdir(parents=True, exist_ok=True)
-    for path in sorted(Path(folder).glob("*.sock")):
-        slot, _, pid = path.stem.partition("-")
-        if not (slot.isdigit() and pid.isdigit() and parent_of(int(pid)) == keeper):
+    for one in listening(Path(folder)):
+        if parent_of(one.pid) != keeper:
             with contextlib.suppress(OSError):
-                path.unlink()
-        elif int(slot) in slots and int(slot) not in found:
-            found[int(slot)] = Found(int(slot), int(pid), path)
+                one.path.unlink()
+        elif one.slot in slots and one.slot not in found:
+            found[one.slot] = one
         else:
-            leave(Found(int(slot), int(pid), path))
+            leave(one)
     if found:
         log.info("found %d live workers of an earlier core: attaching to them", len(found))
     return found
 
 
-def parent_of(pid: int) -> int:
-    """`pid`'s parent; -1 when it is gone (or a zombie: it holds nothing to attach to)."""
+def listening(folder: Path) -> list[Found]:
+    """What the sockets in `folder` say listens there (`gpu_pool.lasting.Stay.path` names
+    them `<slot>-<pid>.sock`), slot by slot, live or not; a name of another shape is
+    removed."""
+    found = []
+    for path in sorted(folder.glob("*.sock")):
+        slot, _, pid = path.stem.partition("-")
+        if slot.isdigit() and pid.isdigit():
+            found.append(Found(int(slot), int(pid), path))
+        else:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return found
+
+
+def stat_of(pid: int) -> tuple[str, int] | None:
+    """`pid`'s state letter ("Z": exited, not reaped) and parent; None when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return -1
+        return None
     fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces and parens
-    return -1 if fields[0] == "Z" else int(fields[1])
+    return fields[0], int(fields[1])
+
+
+def parent_of(pid: int) -> int:
+    """`pid`'s parent; -1 when it is gone (or a zombie: it holds nothing to attach to)."""
+    stat = stat_of(pid)
+    return -1 if stat is None or stat[0] == "Z" else stat[1]
 
 
 class AttachedProcess:
@@ -106,4 +126,5 @@ def leave(found: Found) -> None:
         found.path.unlink()
 
 
-__all__ = ["AttachedProcess", "Found", "attachable", "leave", "parent_of"]
+__all__ = ["AttachedProcess", "Found", "attachable", "leave", "listening", "parent_of",
+           "stat_of"]

@@ -75,6 +75,7 @@ from api.cell.scratch import SCRATCH_PREFIX, bind, multiprocess_metrics, sweep_s
 from api.config import Settings
 from api.gateway import BEAT_S, CellStatus, Order, prctl
 from batcher.shared import Backoff
+from gpu_pool import listening, stat_of
 
 log = logging.getLogger("batchgate.cell")
 
@@ -131,12 +132,10 @@ def end_orphans(spare: Path | None = None) -> list[int]:
     `spare` for the next core (their socket names their pid). Called once the core is
     reaped, when the kernel has handed its orphans here, and as the cell stops. The pids
     ended."""
-    listening = set() if spare is None else {
-        int(pid) for _, _, pid in (p.stem.partition("-") for p in spare.glob("*.sock"))
-        if pid.isdigit()}
+    waiting = set() if spare is None else {worker.pid for worker in listening(spare)}
     ended = []
     for pid, zombie in _orphans():
-        if not zombie and pid in listening:
+        if not zombie and pid in waiting:
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -164,14 +163,9 @@ def _orphans() -> list[tuple[int, bool]]:
     me, found = os.getpid(), []
     for entry in Path("/proc").glob("[0-9]*"):
         pid = int(entry.name)
-        if pid in own:
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me:  # after the name, which may hold spaces and parens
-            found.append((pid, fields[0] == "Z"))
+        stat = None if pid in own else stat_of(pid)
+        if stat is not None and stat[1] == me:
+            found.append((pid, stat[0] == "Z"))
     return found
 
 
