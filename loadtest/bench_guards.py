@@ -1,6 +1,6 @@
 """What guard stages cost over HTTP, beside the bound the policy itself gives.
 
-    python -m loadtest.bench_guards [--duration 20] [--rate 800] [--bench-dir DIR]
+    python -m loadtest.bench_guards [--duration 20] [--rate 800] [--runs 1] [--bench-dir DIR]
         [--root DIR] [--rows NAME ...] [--json OUT]
 
 Each row of `loadtest.guard_rows` (the model alone, a pre guard in sequence, in parallel,
@@ -13,6 +13,9 @@ scheduled send). Beside it: the row's bound, the same catalogue on the real core
 time over contract workers (no HTTP, no processes, no clock but the policy's), and for the
 one-stage row the plain pull batcher on the model's 2 workers, in the same run. Fill is the
 mean batch size of each model over the measured window, read from `batchgate_batch_size`.
+With `--runs N` each row (and the plain batcher beside it) is measured N times, one after
+the other, and the row shows the median of the runs' quantiles, each run's P50 after it: on
+a small shared machine one run's P50 moves by several milliseconds.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -64,6 +68,8 @@ class Figures:
     plain_p95: float = math.nan
     fill: dict[str, float] = field(default_factory=dict)  # batchgate: model -> mean batch
     bound_fill: dict[str, float] = field(default_factory=dict)
+    p50_runs: list[float] = field(default_factory=list)  # each run's, in order (--runs)
+    plain_p50_runs: list[float] = field(default_factory=list)
 
     @property
     def over_bound(self) -> float:
@@ -108,6 +114,20 @@ def measure(a: argparse.Namespace, row: Row, folder: Path, out: Figures) -> None
     out.fill = fills(before, after)
 
 
+def merged(runs: Sequence[Figures]) -> Figures:
+    """The runs of one row as one: the median of their quantiles and fills, their counts
+    summed, each run's P50 kept."""
+    out = Figures(runs[0].row, sent=sum(r.sent for r in runs), ok=sum(r.ok for r in runs),
+                  bad=sum(r.bad for r in runs), refused=sum(r.refused for r in runs),
+                  behind=any(r.behind for r in runs))
+    out.p50, out.p95, out.p99 = (statistics.median(getattr(r, q) for r in runs)
+                                 for q in ("p50", "p95", "p99"))
+    out.fill = {m: statistics.median(r.fill.get(m, math.nan) for r in runs)
+                for m in runs[0].fill}
+    out.p50_runs = [r.p50 for r in runs]
+    return out
+
+
 def _f(x: float, width: int = 6) -> str:
     return f"{'-':>{width}}" if math.isnan(x) else f"{x:>{width}.1f}"
 
@@ -123,7 +143,15 @@ def format_row(f: Figures) -> str:
     return (f"{f.row:<15} {_f(f.p50)} {_f(f.p95)} {_f(f.p99)} {_f(f.bound_p50)} "
             f"{_f(f.bound_p95)} {_f(f.plain_p50)} {_f(f.plain_p95)} {_f(f.over_bound, 7)} "
             f"{f.ok:>6} {f.refused:>5} {f.bad:>4} {fill:>11} {bfill:>12} "
-            f"{'BEHIND' if f.behind else 'ok'}")
+            f"{'BEHIND' if f.behind else 'ok'}" + _runs(f))
+
+
+def _runs(f: Figures) -> str:
+    if len(f.p50_runs) < 2:
+        return ""
+    plain = f" pln50 {'/'.join(f'{x:.1f}' for x in f.plain_p50_runs)}" \
+        if f.plain_p50_runs else ""
+    return f"  p50 {'/'.join(f'{x:.1f}' for x in f.p50_runs)}{plain}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -134,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="generator's own warm-up")
     p.add_argument("--warmup-s", type=float, default=3.0, help="a separate warm-up run first")
     p.add_argument("--seed", type=int, default=1800)
+    p.add_argument("--runs", type=int, default=1, help="runs per row (median shown)")
     p.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     p.add_argument("--ref-python", default=str(Path.home() / ".cache/refbench/bin/python"))
     p.add_argument("--root", type=Path, default=ROOT,
@@ -151,15 +180,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="bench-guards-") as tmp:
         for row in (r for r in ROWS if r.name in a.rows):
-            out = Figures(row.name)
+            runs, plains = [], []
+            for _ in range(0 if a.bound_only else a.runs):
+                measure(a, row, Path(tmp), run := Figures(row.name))
+                runs.append(run)
+                if not (row.pre or row.post):
+                    plains.append(measure_plain(a, row.name, a.rate, EACH, 1))
+            out = merged(runs) if runs else Figures(row.name)
             sim = bound(row, a.rate, a.duration, a.warmup, a.seed)
             out.bound_p50, out.bound_p95 = quantiles_ms(sim)
             out.bound_fill = dict(sim.fill)
-            if not a.bound_only:
-                measure(a, row, Path(tmp), out)
-                if not (row.pre or row.post):
-                    plain = measure_plain(a, row.name, a.rate, EACH, 1)
-                    out.plain_p50, out.plain_p95 = plain.p50_ms, plain.p95_ms
+            if plains:
+                out.plain_p50 = statistics.median(x.p50_ms for x in plains)
+                out.plain_p95 = statistics.median(x.p95_ms for x in plains)
+                out.plain_p50_runs = [x.p50_ms for x in plains]
             rows.append(out)
             print(format_row(out), flush=True)
     if a.json:

@@ -183,6 +183,8 @@ class Route:
             return None
         at = entry[0]
         guard = self.pipeline.stages[at].model
+        if result == "allow":  # the usual word: no pattern to match
+            return guard, "allow", False
         if isinstance(result, BaseException):
             if not isinstance(result, CANNOT_ANSWER) or isinstance(result, Closed):
                 return None
@@ -204,6 +206,8 @@ class Route:
 
     def _verdict(self, stage: Stage, result: str | BaseException) -> BaseException | None:
         """What a guard's result means: None to go on, or the input's error."""
+        if result == "allow":
+            return None
         if isinstance(result, BaseException):
             if not isinstance(result, CANNOT_ANSWER) or isinstance(result, Closed):
                 return result

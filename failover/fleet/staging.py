@@ -48,6 +48,7 @@ class Stages:
         self._held: dict[ItemId, Item] = {}  # stage items in cores, by id (a waiter's cancel)
         self.said: list[tuple[str, str, bool]] = []  # guards' words between turns (metrics)
         self._told = math.inf  # the owner's next look, as `next_deadline` last said
+        self._memo: dict[str, VersionKey] = {}  # unweighted guards' versions, this call
 
     def set_catalogue(self, catalogue: Catalogue) -> None:
         self.pipelines = {m: p for m in catalogue.models
@@ -83,6 +84,7 @@ class Stages:
         """Admit a guarded request to its first stage (in parallel mode, its pre guards' and
         its model's together): a guard whose admission refuses it and that fails open is
         skipped; any other refusal is the request's (raised), nothing of it left queued."""
+        self._memo.clear()
         routes = [Route(item, pipeline) for item in items]
         whole, later = self._waits(pipeline, items[0], now)  # admission weighs every stage
         if items[0].deadline - now < whole:
@@ -151,6 +153,7 @@ class Stages:
         (queued now, dispatched in this turn) or answers it."""
         settle: list[tuple[Item, str | BaseException]] = []
         moved: set[VersionKey] = set()
+        self._memo.clear()
         for item, result in out.settle:
             route = item.sink
             if not isinstance(route, Route):
@@ -206,7 +209,14 @@ class Stages:
         return items
 
     def _resolve(self, model: str) -> VersionKey:
-        return self._versions.resolve(model, None)
+        """A guard's version, resolved once per door call or turn (`_memo`, cleared by each)
+        unless weights choose it per input."""
+        version = self._memo.get(model)
+        if version is None:
+            version = self._versions.resolve(model, None)
+            if not self._versions.catalogue.models[version.model].weights:
+                self._memo[model] = version
+        return version
 
     def _tell(self, route: Route, item: Item, result: str | BaseException) -> None:
         said = route.said(item, result)

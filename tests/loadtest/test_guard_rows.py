@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from loadtest.bench_guards import main
+from loadtest.bench_guards import Figures, format_row, main, merged
 from loadtest.guard_rows import GUARD, MODEL, ROWS, bound, catalogue_toml, quantiles_ms
 
 ROW = {r.name: r for r in ROWS}
@@ -46,3 +46,13 @@ def test_the_bound_alone_prints_a_row_each(capsys: pytest.CaptureFixture[str]) -
     assert main(["--bound-only", "--duration", "1", "--warmup", "0.5"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [line.split("  ")[0] for line in lines[2:]] == [r.name for r in ROWS]
+
+
+def test_runs_of_a_row_show_their_median_and_each_p50() -> None:
+    runs = [Figures("r", p50=p, p95=p + 50, p99=p + 90, sent=100, ok=99, bad=1,
+                    fill={MODEL: f}) for p, f in ((130.0, 80.0), (120.0, 82.0), (150.0, 81.0))]
+    out = merged(runs)
+    assert (out.p50, out.p95, out.p99) == (130.0, 180.0, 220.0)
+    assert (out.sent, out.ok, out.bad, out.fill) == (300, 297, 3, {MODEL: 81.0})
+    assert out.p50_runs == [130.0, 120.0, 150.0]
+    assert "p50 130.0/120.0/150.0" in format_row(out)

@@ -33,6 +33,9 @@ from failover.core import DispatchCore
 from failover.fleet.catalogue import Catalogue, parse_catalogue
 from failover.fleet.cores import ModelCores
 from failover.fleet.placement import PlacementSettings, SwitchCost
+from failover.fleet.routing import Routing
+from failover.fleet.staging import Stages
+from failover.fleet.versions import Versions
 from failover.sim import DirectedPool, Steps
 from gpu_pool import Load, Ok, Run, WorkerId
 
@@ -300,6 +303,37 @@ def test_in_parallel_the_model_runs_beside_the_guard_and_a_refused_output_is_dro
         assert sorted(w.ran["topics"]) == ["BLOCK me", "a"]  # the model ran it, unreleased
     finally:
         w.steps.close()
+
+
+def test_a_guard_with_weights_draws_its_version_per_input() -> None:
+    """A turn looks a guard's version up once, unless weights draw it per input: a canary
+    guard sees its share of every turn's inputs."""
+    weighted = parse_catalogue("""
+[models.topics]
+pre = ["safety", "leak"]
+[models.topics.versions.v1]
+spec = "sim"
+[models.safety]
+default = "v1"
+weights = { v1 = 50, v2 = 50 }
+[models.safety.versions.v1]
+spec = "sim"
+[models.safety.versions.v2]
+spec = "sim"
+[models.leak.versions.v1]
+spec = "sim"
+""")
+    versions = Versions(weighted)
+    versions.change(weighted, 0.0)
+    stages = Stages(versions, Routing.__new__(Routing), {})
+    looked: list[str] = []
+    resolve = versions.resolve
+    versions.resolve = lambda model, sticky: looked.append(model) or resolve(model, sticky)  # type: ignore[method-assign]
+    stages._memo.clear()  # a turn's start
+    drawn = {str(stages._resolve("safety")) for _ in range(40)}
+    assert drawn == {"safety@v1", "safety@v2"}
+    assert {str(stages._resolve("leak")) for _ in range(40)} == {"leak@v1"}
+    assert looked.count("leak") == 1 and looked.count("safety") == 40
 
 
 def test_sequential_stages_take_one_batch_each(world: World) -> None:
