@@ -235,7 +235,11 @@ class PendingRequest(Collation):
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def ended(self) -> None:
-        self.done.set_result(None)
+        # Its waiter may have been cancelled (a gRPC handler whose client left, a task
+        # group torn down): the items it could not withdraw still land here, and must not
+        # raise into the core that settles them.
+        if not self.done.done():
+            self.done.set_result(None)
 
     async def wait(self, seconds: float, client: ClientWatch | None) -> None:
         """Wait for the answer, the deadline, or the client leaving, whichever comes first.

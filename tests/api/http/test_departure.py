@@ -8,6 +8,7 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from api.http import CONNECTION, Departure, PendingRequest, ReceiveWatch
+from batcher import Item, ItemId, Tier
 from tests.api.serving import serving
 
 pytestmark = pytest.mark.anyio
@@ -87,3 +88,17 @@ async def test_under_another_server_a_disconnect_from_receive_ends_the_wait() ->
     pending = PendingRequest(1)
     await pending.wait(10, ReceiveWatch(receive))  # unheard, it would end at the deadline
     assert pending.client_left and not pending.timed_out
+
+
+async def test_an_answer_landing_after_its_waiter_was_cancelled_raises_nothing() -> None:
+    """A waiter cancelled mid-wait (a gRPC handler whose client left) leaves an item in a
+    batch behind it: when that item lands, settling it must not raise into the core."""
+    pending = PendingRequest(1)
+    item = Item(ItemId(1), "a", Tier.PAID, 0.0, 10.0, pending)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pending.wait, 10.0, None)
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert pending.done.cancelled()
+    item.settle("a")  # the core settles what its batch answered
+    assert pending.outputs == ["a"]
