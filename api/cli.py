@@ -134,9 +134,11 @@ def demo_keys_only(path: Path) -> bool:
     return bool(held) and held <= DEMO_ENTRIES
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, flag: str = "--port") -> None:
     """The port can be listened on, asked before any model loads (uvicorn binds once its
-    lifespan has started, which waits for the workers). ValueError naming what to do."""
+    lifespan has started, which waits for the workers; a cell's gateways bind --grpc-port
+    each, and would be restarted without end on a port held). ValueError naming what to
+    do."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
@@ -145,7 +147,7 @@ def check_port(host: str, port: int) -> None:
         except OSError as exc:
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop "
                              f"what holds it (ss -ltnp 'sport = :{port}'), or pass another "
-                             "--port") from None
+                             f"{flag}") from None
 
 
 def interrupted(sig: int) -> int:
@@ -254,6 +256,8 @@ def serve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     check_files(settings)
     check_port(settings.host, settings.port)
+    if settings.grpc_port is not None:
+        check_port(settings.host, settings.grpc_port, "--grpc-port")
     check_core_settings(settings)
     check_state(settings)
     identity = cell_identity(os.environ)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import NewType, Protocol
+from typing import TYPE_CHECKING, NewType, Protocol
+
+if TYPE_CHECKING:
+    from batcher.tracing import RequestTrace
 
 ItemId = NewType("ItemId", int)
 
@@ -151,6 +154,7 @@ class Item:
     tag: Tag | None = None  # a keyed input's name, which its batch carries to the worker
     skipped: tuple[str, ...] = ()  # guards that failed open for it: its answer says so
     route: Staged | None = None  # its way through guard stages (`failover.fleet.stages`)
+    trace: RequestTrace | None = None  # its request's trace, shared by its items; None: off
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

@@ -410,7 +410,7 @@ class DispatchCore:
                 group = table.next_group(now, self._group_may_run)
                 if group is not None:
                     self._sent_at[group.worker] = now
-                    run = Run(group.batch_id, group.texts, group.tags)
+                    run = Run(group.batch_id, group.texts, group.tags, group.traces)
                     out.send.append(Send(group.worker, run, None, version=self.version))
                     continue
             if needed < 0:
@@ -432,8 +432,8 @@ class DispatchCore:
                 item.dispatched, item.batch = now, d.batch_id
             self._sent_at[d.worker] = now
             gap = now - freed[1] if freed is not None and freed[0] == d.worker else None
-            out.send.append(Send(d.worker, Run(d.batch_id, d.texts, d.tags), cut.reason, gap,
-                                 self.version))
+            run = Run(d.batch_id, d.texts, d.tags, d.traces)
+            out.send.append(Send(d.worker, run, cut.reason, gap, self.version))
         return out
 
     def _group_may_run(self, group: Group) -> bool:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from batcher import Item, Tag, Tier
+from batcher.tracing import trace_sent
 from failover.errors import ContractViolation, ModelError, QueryOfDeath, WorkerCrashed
 from failover.groups import Group, Lineage, Rerun
 from failover.hang import BatchTimes
@@ -76,6 +77,7 @@ class Dispatch:
     worker: WorkerId
     texts: tuple[str, ...]
     tags: tuple[Tag | None, ...] | None = None  # None: no input of it is keyed
+    traces: tuple[str, ...] | None = None  # its attempts' traceparents; None: none traced
 
 
 @dataclass(slots=True)
@@ -216,22 +218,21 @@ class InFlightTable:
         self._busy[worker] = batch_id
         texts = tuple(i.text for i in items)
         chars = sum(map(len, texts))
-        hedge, tagged = group is None, False
+        hedge, tagged, traced = group is None, False, False
         for item in items:
             item.flights += 1
             hedge = hedge and item.attempts == 0
             tagged = tagged or item.tag is not None
+            traced = traced or item.trace is not None
         times = self.times
-        flight = InFlight(
-            batch_id, worker, items, now, now + times.kill_after(chars),
-            now + times.hedge_after(chars) if hedge else math.inf, chars,
-        )
+        flight = InFlight(batch_id, worker, items, now, now + times.kill_after(chars),
+                          now + times.hedge_after(chars) if hedge else math.inf, chars)
         if group is not None:
             flight.lineage, flight.kind, flight.twin = group.lineage, group.kind, group.twin
             flight.stall_deadline = now + times.stall_after(chars)
         self._batches[batch_id] = flight
-        return Dispatch(batch_id, worker, texts,
-                        tuple(i.tag for i in items) if tagged else None)
+        return Dispatch(batch_id, worker, texts, tuple(i.tag for i in items) if tagged else None,
+                        trace_sent(items, batch_id, worker, now, flight.kind) if traced else None)
 
     # -- answers -------------------------------------------------------------------------
     def on_ok(
@@ -258,6 +259,8 @@ class InFlightTable:
             if not item.done:  # else its hedge (or the batch it hedged) answered first
                 item.done = True
                 deliver.append((item, output))
+                if item.trace is not None:
+                    item.trace.landed(worker, batch_id)
         return Actions(deliver=deliver)
 
     def on_error(self, worker: WorkerId, batch_id: BatchId, error: ModelError) -> Actions:
@@ -365,6 +368,8 @@ class InFlightTable:
         for item in batch.items:
             if not item.done:
                 self._killed.setdefault(item.id, []).append(worker)
+            if item.trace is not None:
+                item.trace.died(worker, batch_id, now)
         for group in [g for g in self._groups if g.twin == batch_id]:
             self._groups.remove(group)  # a hedge still waiting: the re-run takes its place
             for item in group.items:

@@ -212,6 +212,7 @@ class WorkerPool(SlotPool[_Slot]):
             model=load.spec, gpu=slot.gpu,
             threads=max(1, (os.cpu_count() or 1) // max(1, staying)),
             latency_floor=self._settings.floor(load), version=load.version,
+            otlp_endpoint=self._settings.otlp_endpoint,
         )
 
     async def _attach(self, slot: _Slot, worker: WorkerId, found: Found) -> Process | None:

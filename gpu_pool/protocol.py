@@ -52,6 +52,7 @@ class Run:
     batch_id: BatchId
     inputs: tuple[str, ...]
     tags: tuple[Tag | None, ...] | None = None  # the keyed inputs' names; None: none is keyed
+    traces: tuple[str, ...] | None = None  # the attempts' traceparents; None: none traced
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ class PoolSettings:
     loads: tuple[Load, ...] = ()  # each slot's first version; (): `model` on every slot
     attach: str | None = None  # a cell's workers folder: they outlive the core there
     claimable: tuple[Load, ...] = ()  # what else a worker found there may hold
+    otlp_endpoint: str | None = None  # where workers send their spans; None: tracing off
 
     @property
     def memory(self) -> MemoryBound:

@@ -8,14 +8,18 @@ noticed by the parent through EOF and the process sentinel.
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 
 from batcher import VersionKey
+from batcher.tracing import Tracing
 from gpu_pool.lasting import Lasting, Stay
 from gpu_pool.load import DEFAULT_VERSION
 from gpu_pool.models import BatchModel, load_model, parse_spec, uses_gpu
@@ -31,6 +35,7 @@ class WorkerConfig:
     threads: int  # torch intra-op threads on the CPU
     latency_floor: float  # seconds: every batch takes at least this long
     version: VersionKey = DEFAULT_VERSION  # the version key it holds: an actor says it when claimed
+    otlp_endpoint: str | None = None  # where its "worker.run" spans go; None: tracing off
 
 
 def worker_main(conn: Connection, config: WorkerConfig, stay: Stay | None = None) -> None:
@@ -44,14 +49,26 @@ def worker_main(conn: Connection, config: WorkerConfig, stay: Stay | None = None
         os.environ["CUDA_VISIBLE_DEVICES"] = str(config.gpu)
     model, device = load_worker(config)
     ready = Ready(pid=os.getpid(), device=device)
+    spans = RunSpans.of(config.otlp_endpoint)
+    try:
+        _serve(conn, config, model, ready, stay, spans)
+    finally:
+        if spans is not None:
+            spans.close()
+
+
+def _serve(conn: Connection, config: WorkerConfig, model: BatchModel, ready: Ready,
+           stay: Stay | None, spans: RunSpans | None) -> None:
+    floor = config.latency_floor
     if stay is not None:
-        lasting = Lasting(stay, ready, config.version, config.model, config.latency_floor)
+        lasting = Lasting(stay, ready, config.version, config.model, floor)
         try:
             conn.send(ready)
         except OSError:  # its core died while it loaded: it waits, loaded, for the next
             conn.close()
+        run = partial(run_batch, model, floor=floor)
         lasting.serve(None if conn.closed else conn,
-                      lambda msg: run_batch(model, msg, config.latency_floor))
+                      run if spans is None else partial(spans.run, run))
         return
     conn.send(ready)
     while True:
@@ -62,7 +79,14 @@ def worker_main(conn: Connection, config: WorkerConfig, stay: Stay | None = None
         if isinstance(msg, Stop):
             return
         if isinstance(msg, Run):
-            conn.send(run_batch(model, msg, config.latency_floor))
+            if spans is None or msg.traces is None:
+                conn.send(run_batch(model, msg, floor))
+                continue
+            start = time.monotonic()
+            outcome = run_batch(model, msg, floor)
+            end = time.monotonic()
+            conn.send(outcome)
+            spans.ran(msg, start, end)  # once its answer is on its way
 
 
 def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
@@ -104,6 +128,51 @@ def run_batch(
     return Ok(msg.batch_id, tuple(outputs), clock() - start)
 
 
+class RunSpans:
+    """A traced worker's "worker.run" spans, one per traced request of a batch, child of
+    its attempt's span in the core. They are made by a thread of their own from what the
+    batch loop hands it (`ran`, after the answer is sent), so an answer never waits on
+    them."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self._tracing = tracing
+        self._done: queue.SimpleQueue[tuple[Run, float, float, int] | None] = \
+            queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._emit, name="spans", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def of(cls, endpoint: str | None) -> RunSpans | None:
+        tracing = Tracing.of(endpoint, "worker")
+        return None if tracing is None else cls(tracing)
+
+    def run(self, run: Callable[[Run], Ok | Err], msg: Run) -> Ok | Err:
+        """`run(msg)`, its span handed on (the lasting worker's loop sends the answer
+        itself: only a queue's put comes before it)."""
+        start = time.monotonic()
+        outcome = run(msg)
+        if msg.traces is not None:
+            self.ran(msg, start, time.monotonic())
+        return outcome
+
+    def ran(self, msg: Run, start: float, end: float) -> None:
+        self._done.put((msg, start, end, os.getpid()))
+
+    def close(self) -> None:
+        """Emit what is left, then flush."""
+        self._done.put(None)
+        self._thread.join(timeout=2.0)
+        self._tracing.shutdown()
+
+    def _emit(self) -> None:
+        while (done := self._done.get()) is not None:
+            msg, start, end, pid = done
+            for parent in msg.traces or ():
+                self._tracing.emit("worker.run", parent, start, end, {
+                    "batchgate.batch_id": msg.batch_id, "batchgate.batch_size": len(msg.inputs),
+                    "process.pid": pid})
+
+
 def _message(exc: BaseException) -> str:
     """The error's text, cut short; a placeholder when its own `str()` raises."""
     try:
@@ -125,4 +194,4 @@ def _torch_device(config: WorkerConfig) -> str:
     return "cpu"
 
 
-__all__ = ["WorkerConfig", "load_worker", "run_batch", "worker_main"]
+__all__ = ["RunSpans", "WorkerConfig", "load_worker", "run_batch", "worker_main"]

@@ -31,6 +31,7 @@ from api.door import build_door, supervised
 from api.gateway import CellStatus, ChildEnd, Lifeline, Order, Report, name_process
 from api.http import StatusCall, settle_and_time
 from api.metrics import Metrics
+from batcher.tracing import Tracing
 from gpu_pool import CellIdentity
 
 log = logging.getLogger("batchgate.core")
@@ -70,9 +71,11 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
     metrics = Metrics(multiprocess=True)
     keys = load_keys(settings.keys, settings.admin_key)
     cell = CellStatus()  # the supervisor's last word on the cell's processes
+    tracing = Tracing.of(settings.otlp_endpoint, "core")
     service, door, view, models = build_door(
         settings, keys, metrics, identity=identity, keep_changes=True,  # for the next core
-        cell=lambda: {**cell.shown(), "refused": list(cell.refused)})  # refused: /admin/models
+        cell=lambda: {**cell.shown(), "refused": list(cell.refused)},  # refused: /admin/models
+        tracing=tracing)
     supervisor: ChildEnd | None = None  # its end of the lifeline, once listened to
 
     async def ready() -> dict[str, object]:  # not ready while nobody would restart the core
@@ -116,6 +119,8 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
         supervisor.close()
         if unwatch is not None:
             unwatch()
+        if tracing is not None:
+            tracing.shutdown()
     log.info("stopped")
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from api.config.state import StateSpec, parse_state
 from batcher import MAX_BATCH
@@ -87,6 +88,10 @@ def doc(
 class Settings:
     host: str = field(default="127.0.0.1", metadata=doc("address to bind"))
     port: int = field(default=8000, metadata=doc("port to bind"))
+    grpc_port: int | None = field(default=None, metadata=doc(
+        "also serve the Open Inference Protocol's gRPC service (KServe v2, what "
+        "tritonclient.grpc speaks) on this port, at --host; a cell's gateways share it",
+        shown="off"))
     model: str = field(default="minilm", metadata=doc(
         "minilm (the real model), sim (100 ms a batch, no CPU, reverses each input), "
         "or module:function naming any batchstring"))
@@ -187,6 +192,9 @@ class Settings:
     access_log: str = field(default="off", metadata=doc(
         "off, or json: one JSON line per request on stdout (never inputs or outputs)"))
     log_level: str = field(default="info", metadata=doc("debug, info, warning or error"))
+    otlp_endpoint: str | None = field(default=None, metadata=doc(
+        "send each request's trace (spans of every process it crosses) over OTLP/HTTP to "
+        "this collector, http://HOST:4318 (needs batchgate[otel])", shown="off"))
 
     def state_spec(self) -> StateSpec:
         """`--state` read: where kept answers live (the one reading of this text, made
@@ -195,6 +203,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check(1 <= self.port <= 65535, f"port must be within 1..65535, got {self.port}")
+        _check(self.grpc_port is None or 1 <= self.grpc_port <= 65535,
+               f"grpc-port must be within 1..65535, got {self.grpc_port}")
+        _check(self.grpc_port != self.port, "grpc-port must differ from port")
         _check(self.workers.min >= 1, f"workers must be at least 1, got {self.workers}")
         _check(self.workers.max >= self.workers.min,
                f"workers MIN:MAX needs MAX >= MIN, got {self.workers}")
@@ -243,6 +254,9 @@ class Settings:
                f"access-log must be off or json, got {self.access_log!r}")
         _check(self.log_level in LOG_LEVELS,
                f"log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        _check(self.otlp_endpoint is None or _is_http_url(self.otlp_endpoint),
+               f"otlp-endpoint must be an http(s) URL like http://localhost:4318, got "
+               f"{self.otlp_endpoint!r}")
 
 
 def check_files(settings: Settings) -> None:
@@ -255,6 +269,15 @@ def check_files(settings: Settings) -> None:
     folder = None if path is None else path.parent
     _check(folder is None or folder.is_dir(),
            f"state {settings.state!r}: the folder {folder} does not exist")
+
+
+def _is_http_url(text: str) -> bool:
+    try:
+        url = urlsplit(text)
+        url.port  # noqa: B018  (raises ValueError for a port that is not one)
+    except ValueError:
+        return False
+    return url.scheme in ("http", "https") and bool(url.hostname)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -26,6 +26,8 @@ from api.door.status import StatusView
 from api.http import DirectRoute, Routes, http_app, on_sighup, settle_and_time
 from api.kept import redis_client
 from api.metrics import Metrics
+from api.oip import infer_call, oip_routes, serving_grpc
+from batcher.tracing import Tracing
 from gpu_pool import CellIdentity, Pool
 
 log = logging.getLogger("batchgate.app")
@@ -40,7 +42,8 @@ class CoreParts(NamedTuple):
 
 def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool | None = None,
                cell: Callable[[], dict[str, Any]] | None = None,
-               identity: CellIdentity | None = None, keep_changes: bool = False) -> CoreParts:
+               identity: CellIdentity | None = None, keep_changes: bool = False,
+               tracing: Tracing | None = None) -> CoreParts:
     """The running core and what serves it: the one place its parts are wired. `cell`: what
     the cell's supervisor last said of its processes; `identity`: which cell and which of
     its cores this is (None: a process of its own); `keep_changes`: the admin's changes to
@@ -57,7 +60,7 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     durable = None if service.kept is None else service.kept.durable
     rates = rate_step(redis_client(durable), keys.tiers, metrics, service.clock.now)
     door = Door(service.core, service.clock, rates, service.idempotency, service.pressure,
-                metrics, service.salvage)
+                metrics, service.salvage, tracing)
     models = ModelsAdmin(service.models, service.clock, settings.workers.min, settings.models,
                          service.core.change,
                          None if cell is None else lambda: list(cell().get("refused", [])),
@@ -83,10 +86,12 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
     `identity`: the cell it is one of (`BATCHGATE_CELL_ID`; None: a cell of its own)."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
+    tracing = Tracing.of(settings.otlp_endpoint, "server")
     service, door, status, models = build_door(settings, keys, metrics, pool,
-                                               identity=identity)
-    routes = Routes(LocalCore(door, status.table), settings, keys, metrics)
+                                               identity=identity, tracing=tracing)
+    routes = Routes(LocalCore(door, status.table), settings, keys, metrics, tracing=tracing)
     direct = LocalRoute(routes, door)
+    direct.shapes = infer_call  # /v2's infer on the direct way too
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -101,7 +106,8 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
                 await tg.start(supervised, service.run, os._exit)
                 await tg.start(door.rates.run)  # shared limits: a frame waits for Redis here
                 unwatch = settle_and_time(metrics)
-                yield
+                async with serving_grpc(routes, settings):  # --grpc-port, beside HTTP
+                    yield
                 log.info("draining")
                 await service.drain()
                 tg.cancel_scope.cancel()
@@ -109,9 +115,11 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
             reloading()
             if unwatch is not None:
                 unwatch()
+            if tracing is not None:
+                tracing.shutdown()
         log.info("stopped")
 
-    return Built(http_app(routes, lifespan), service, direct)
+    return Built(http_app(routes, lifespan, oip_routes(routes)), service, direct)
 
 
 EXIT_CORE_FAILED = 70  # EX_SOFTWARE: the dispatch core stopped on an error

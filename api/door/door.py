@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar, cast
 
-from api.door.keyed import KeptRequest, KeyedPath
+from api.door.keyed import REPLAYED, KeptRequest, KeyedPath
 from api.door.limits import Check, RateStep, pressure_factor
 from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
@@ -46,6 +46,7 @@ from batcher import (
     Tier,
     VersionKey,
 )
+from batcher.tracing import ANSWERED, RequestTrace, Tracing, error_code, parse_traceparent
 from gpu_pool import Salvage
 
 C = TypeVar("C", bound=Collation)
@@ -84,9 +85,12 @@ class Door:
     def __init__(
         self, core: Core, clock: Clock, rates: RateStep, store: IdempotencyStore,
         pressure: Callable[[Tier], float], metrics: Metrics, salvage: Salvage | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        """`salvage`: what a dead core's workers ran for keyed requests (a cell's core)."""
+        """`salvage`: what a dead core's workers ran for keyed requests (a cell's core);
+        `tracing`: where a traced job's spans go (None: off)."""
         self.core, self.clock, self.rates = core, clock, rates
+        self.tracing = tracing
         self.salvage = salvage if salvage is not None else Salvage()
         self.pressure = pressure  # a tier's expected wait over its budget
         self.metrics = metrics
@@ -107,9 +111,23 @@ class Door:
                 raise refusal
             if job.idempotency is None:
                 return await self.serve(job, client, register)
-            return await self._keyed.run(job, client, register)
+            if job.trace is None or self.tracing is None:
+                return await self._keyed.run(job, client, register)
+            return await self._kept(job, job.trace, self.tracing, client, register)
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
+
+    async def _kept(self, job: Job, trace: str, tracing: Tracing, client: ClientWatch | None,
+                    register: Callable[[PendingRequest], None] | None) -> Rendered:
+        """A traced keyed request: one answered with what another run kept (a replay, or
+        a join of the run in flight) shows as a "kept answer" span; one that leads runs,
+        and its batches show."""
+        began = self.clock.now()
+        answer = await self._keyed.run(job, client, register)
+        if REPLAYED in answer.headers:
+            tracing.emit("kept answer", trace, began, self.clock.now(),
+                         {"http.response.status_code": answer.status})
+        return answer
 
     def submit(self, jobs: Sequence[Job], collations: Sequence[C], to: Admitted[C]) -> None:
         """The way in for a frame of jobs without an Idempotency-Key (a keyed one may wait
@@ -175,6 +193,8 @@ class Door:
                                    principal.account, version,
                                    None if keyed is None else (principal.account or "", keyed[0]))
             out.append(items)
+            if job.trace is not None and self.tracing is not None:
+                _traced(job.trace, items, now, late)
             if keyed is not None and self.salvage:  # a dead core's worker may have run them
                 rest = self.salvage.settle(items, now)
                 if not rest:
@@ -183,9 +203,12 @@ class Door:
             where.append(at)
             admitting.append((items, timeout))
         if admitting:
-            for at, refused in zip(where, self.core.admit_all(admitting, now), strict=True):
+            for (items, _), at, refused in zip(admitting, where,
+                                               self.core.admit_all(admitting, now), strict=True):
                 if refused is not None:
                     out[at] = refuse(refused, jobs[at].principal.tier)
+                    if items[0].trace is not None and self.tracing is not None:
+                        self.tracing.refused(items[0].trace, error_code(refused))
         return out
 
     def conclude(self, job: Job, items: list[Item], collation: Collation,
@@ -266,6 +289,8 @@ class Door:
                   now: float) -> Answered:
         """The finished request's answer, or the error that ended it (raised). Its queue
         waits are observed where it is rendered (in a gateway, off the core's CPU)."""
+        if items and items[0].trace is not None:
+            self._trace_ended(items[0].trace, items, collation, now)
         if collation.client_left:
             raise ClientClosed("the client closed the connection")
         if collation.error is not None:
@@ -287,6 +312,33 @@ class Door:
             return answered
         return answered._replace(refused=tuple(sorted(collation.refused or ())),
                                  skipped=tuple(collation.skipped or ()))
+
+    def _trace_ended(self, trace: RequestTrace, items: list[Item], collation: Collation,
+                     now: float) -> None:
+        """A traced job ended: its spans are made once this turn's answers are out."""
+        if self.tracing is None:
+            return
+        if collation.client_left:
+            outcome = "client_closed"
+        elif collation.error is not None:
+            outcome = error_code(collation.error)
+        elif collation.timed_out:
+            outcome = "deadline_exceeded"
+        else:
+            outcome = ANSWERED
+        arrived = min(item.arrived for item in items)
+        asyncio.get_running_loop().call_soon(self.tracing.request_spans, trace, arrived,
+                                             now, outcome)
+
+
+def _traced(traceparent: str, items: list[Item], now: float, late: float) -> None:
+    """A job whose request is traced: one record of its trace, shared by its items (a
+    traceparent that does not parse, which the HTTP side never sends, traces nothing)."""
+    parent = parse_traceparent(traceparent)
+    if parent is not None:
+        trace = RequestTrace(parent, now - late, now)
+        for item in items:
+            item.trace = trace
 
 
 class _Frame(Generic[C]):

@@ -42,6 +42,7 @@ from api.kept import (
 from api.metrics import Metrics
 from batcher import Clock, DeadlineExceeded, Item, Refused, Tier
 
+REPLAYED = ("Idempotent-Replayed", "true")  # the header of an answer another run kept
 LINGER_S = 300.0
 """The longest a key stays in flight for a batch its leader left running: every way a batch
 ends settles its items (answered, failed, re-run then answered or convicted, or shut down),
@@ -353,8 +354,7 @@ def _stored(response: Rendered) -> StoredResponse:
 
 
 def _replayed(stored: StoredResponse) -> Rendered:
-    return Rendered(stored.status, stored.body,
-                    (*stored.headers, ("Idempotent-Replayed", "true")))
+    return Rendered(stored.status, stored.body, (*stored.headers, REPLAYED))
 
 
-__all__ = ["KeptRequest", "KeyedPath", "Serve", "is_kept"]
+__all__ = ["REPLAYED", "KeptRequest", "KeyedPath", "Serve", "is_kept"]

@@ -364,6 +364,7 @@ def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
         ready_timeout=settings.ready_timeout_s,
         restart=settings.restart,
         max_rss_mb=settings.worker_max_rss_mb,
+        otlp_endpoint=settings.otlp_endpoint,
     )
     if settings.pool == "process":
         attach = None if identity is None else identity.workers

@@ -35,6 +35,8 @@ from api.http import (
     settle_and_time,
 )
 from api.metrics import Metrics
+from api.oip import infer_call, oip_routes, serving_grpc
+from batcher.tracing import Tracing
 
 log = logging.getLogger("batchgate.gateway")
 
@@ -66,7 +68,8 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
         return supervisor is None or not supervisor.silent()
 
     core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc, kept=kept)
-    routes = Routes(core, settings, keys, metrics, gateway=slot)
+    tracing = Tracing.of(settings.otlp_endpoint, "gateway")
+    routes = Routes(core, settings, keys, metrics, gateway=slot, tracing=tracing)
 
     def heard(message: Order | CellStatus) -> None:
         if message is Order.STOP:  # finish what this gateway holds, then exit
@@ -85,14 +88,18 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
             except OSError:  # started while the cell restarts its core
                 core.connect_later()
             unwatch = settle_and_time(metrics)
-            yield
+            async with serving_grpc(routes, settings, reuse_port=True):  # one port, K gateways
+                yield
         finally:
             core.close()
             supervisor.close()
             if unwatch is not None:
                 unwatch()
+            if tracing is not None:
+                tracing.shutdown()
 
-    app, direct = http_app(routes, lifespan), RemoteRoute(routes, core)
+    app, direct = http_app(routes, lifespan, oip_routes(routes)), RemoteRoute(routes, core)
+    direct.shapes = infer_call  # /v2's infer on the direct way too
     connections = CellConnections(ConnectionTally(connections_file(link)), slot,
                                   settings.max_connections)
     server = GatewayServer(server_config(app, settings, direct, connections))

@@ -43,9 +43,11 @@ from api.http.connections import (
     LocalConnections,
 )
 from api.http.direct import (
+    V1,
     Connection,
     DirectCall,
     DirectRoute,
+    Shape,
 )
 from api.http.draining import (
     DrainingServer,
@@ -65,17 +67,21 @@ from api.http.jobs import (
     Outcome,
     Refusals,
     Rendered,
+    all_refused,
     answer_body,
     answer_id,
     guarded_answer,
     rendered,
 )
 from api.http.openapi import (
+    ADMIN_ONLY,
+    DocumentedRoute,
     document,
     openapi_routes,
 )
 from api.http.parsing import (
     MIN_TIMEOUT_MS,
+    MODEL_NAME,
     Limits,
     ParsedRequest,
     parse_body,
@@ -89,19 +95,28 @@ from api.http.protocol import (
     guarded_protocol,
 )
 from api.http.routes import (
+    IDEMPOTENCY_KEY,
+    MAX_IDEMPOTENCY_KEY,
     CoreView,
     Routes,
+    read_body,
     render,
+    trace_job,
 )
 
 __all__ = [
+    "ADMIN_ONLY",
     "CONNECTION",
     "GC_THRESHOLDS",
     "GUARD_SKIPPED",
     "HOT_PATH",
     "HOT_URL",
+    "IDEMPOTENCY_KEY",
+    "MAX_IDEMPOTENCY_KEY",
     "MIN_TIMEOUT_MS",
+    "MODEL_NAME",
     "QUIET",
+    "V1",
     "AccessLog",
     "Answered",
     "CellConnections",
@@ -116,6 +131,7 @@ __all__ = [
     "Departure",
     "DirectCall",
     "DirectRoute",
+    "DocumentedRoute",
     "DrainingServer",
     "GuardedHttpProtocol",
     "HttpCall",
@@ -133,10 +149,12 @@ __all__ = [
     "Rendered",
     "Routes",
     "Served",
+    "Shape",
     "StatusCall",
     "StatusHandler",
     "StatusTable",
     "TurnEnds",
+    "all_refused",
     "answer",
     "answer_body",
     "answer_id",
@@ -150,10 +168,12 @@ __all__ = [
     "openapi_routes",
     "parse_body",
     "parse_timeout",
+    "read_body",
     "render",
     "rendered",
     "server_config",
     "settle_and_time",
     "settle_heap",
+    "trace_job",
     "with_fast_path",
 ]

@@ -114,9 +114,10 @@ class AccessLog:
 
 
 def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = None,
-        rid: str | None = None, code: str | None = None) -> Served:
-    """The record of a `POST /v1/batchstring`: its `outcome` and the id its answer carries
-    (`rid`), or the `code` of the error it was answered with instead."""
+        rid: str | None = None, code: str | None = None, path: str = HOT_PATH) -> Served:
+    """The record of a `POST /v1/batchstring` (or of another direct route's `path`): its
+    `outcome` and the id its answer carries (`rid`), or the `code` of the error it was
+    answered with instead."""
     status, answered, replayed, model = 200, None, False, None
     queue_ms = batch_ms = None
     if code is not None:
@@ -138,7 +139,7 @@ def hot(principal: Principal | None, elapsed: float, outcome: Outcome | None = N
         queue_ms, batch_ms = _ms(answered.queue), _ms(answered.batch)
     # Milliseconds to 0.01 by hand: `round(x, n)` costs three times as much.
     return Served(
-        time.time() - elapsed, rid, "POST", HOT_PATH,
+        time.time() - elapsed, rid, "POST", path,
         principal.tier.label if principal else None, principal.account if principal else None,
         status, code, int(elapsed * 100_000 + 0.5) / 100, queue_ms, batch_ms,
         answered.batch_ids if answered else None, answered.attempts if answered else None,

@@ -7,7 +7,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 
 import uvicorn
@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from api.config import Settings
@@ -35,10 +35,15 @@ log = logging.getLogger("batchgate.http")
 Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
 
-def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
-    """The HTTP surface over `routes`, the same in a single process and in a gateway."""
+def http_app(routes: Routes, lifespan: Lifespan, extra: Sequence[BaseRoute] = ()) -> ASGIApp:
+    """The HTTP surface over `routes`, the same in a single process and in a gateway;
+    `extra`: routes mounted beside it (the Open Inference Protocol's `/v2`), in the OpenAPI
+    document where they bring their part (`DocumentedRoute`)."""
     app = Starlette(
         routes=[
+            # First: the router tries each in turn, and `/v1/batchstring` is mostly served
+            # before it (`with_fast_path`), where the extra routes' infer is the busy one.
+            *extra,
             Route("/v1/batchstring", routes.batchstring, methods=["POST"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/readyz", routes.readyz, methods=["GET"]),
@@ -48,7 +53,7 @@ def http_app(routes: Routes, lifespan: Lifespan) -> ASGIApp:
             Route("/admin/models/{name}", routes.admin_models, methods=["PUT"]),
             Route("/admin/models/{name}/versions/{version}", routes.admin_models,
                   methods=["DELETE"]),
-            *openapi_routes(routes.limits),
+            *openapi_routes(routes.limits, extra),
         ],
         exception_handlers={HTTPException: _http_error, BatchgateError: _refused,
                             Exception: _internal_error},

@@ -23,19 +23,56 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from starlette.responses import Response
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from api.config import Principal
-from api.errors import error_response, to_api_error
+from api.errors import ApiError, error_response, to_api_error
 from api.http.access_log import AccessLog, hot
 from api.http.collation import ClientWatch, Collation
-from api.http.fastpath import header_map
+from api.http.fastpath import HOT_PATH, header_map
 from api.http.jobs import Job, Outcome
 from api.http.routes import Routes, render
 from batcher import Item
+
+
+class Shape(Protocol):
+    """What the requests of one direct route are: how a body becomes the door's job, and
+    the door's outcome or a refusal the answer. `/v1/batchstring`'s is `V1`; another room
+    brings its own (the Open Inference Protocol's infer, `DirectRoute.shapes`)."""
+
+    path: str  # the route, as the access log and the request span name it
+
+    def job(self, routes: Routes, principal: Principal, headers: Mapping[str, str],
+            body: bytes) -> Job:
+        """The request's job (raises what refuses it)."""
+
+    def render(self, outcome: Outcome, job: Job) -> tuple[Response, str | None]:
+        """The answer, and the id it carries (raises what refuses it)."""
+
+    def refusal(self, err: ApiError) -> Response: ...
+
+
+class _V1:
+    """`POST /v1/batchstring`."""
+
+    path = HOT_PATH
+
+    def job(self, routes: Routes, principal: Principal, headers: Mapping[str, str],
+            body: bytes) -> Job:
+        return routes.job_of(principal, headers, body, routes.check_head(principal, headers))
+
+    def render(self, outcome: Outcome, job: Job) -> tuple[Response, str | None]:
+        return render(outcome, job.single)
+
+    def refusal(self, err: ApiError) -> Response:
+        return error_response(err.code, err.message, err.headers)
+
+
+V1: Shape = _V1()
 
 
 class Connection(Protocol):
@@ -65,14 +102,15 @@ class DirectCall(Collation):
 
     __slots__ = ("body", "conn", "disconnected", "headers", "items", "job", "keep_alive",
                  "more_body", "response_complete", "response_started", "rid", "route",
-                 "started")
+                 "shape", "started")
 
     message_event = _Inert()
 
     def __init__(self, route: DirectRoute, conn: Connection, headers: dict[str, str],
-                 keep_alive: bool) -> None:
+                 keep_alive: bool, shape: Shape = V1) -> None:
         super().__init__(0)
         self.route, self.conn, self.headers, self.keep_alive = route, conn, headers, keep_alive
+        self.shape = shape
         self.body = bytearray()
         self.more_body = True
         self.response_started = self.response_complete = self.disconnected = False
@@ -96,9 +134,11 @@ class DirectRoute:
     def __init__(self, routes: Routes) -> None:
         self.routes = routes
         self.access_log: AccessLog | None = routes.access_log  # the routes' sink, if on
+        # Other POST routes served this way: a URL's shape, or None (ASGI's way).
+        self.shapes: Callable[[bytes], Shape | None] | None = None
 
-    def call(self, conn: Connection, raw: list[tuple[bytes, bytes]], keep_alive: bool
-             ) -> DirectCall | None:
+    def call(self, conn: Connection, raw: list[tuple[bytes, bytes]], keep_alive: bool,
+             shape: Shape = V1) -> DirectCall | None:
         """A call for this request once its head is in, or None: it takes ASGI's way."""
         headers = header_map(raw)
         length = headers.get("content-length")
@@ -107,7 +147,7 @@ class DirectRoute:
                 or "idempotency-key" in headers or "expect" in headers \
                 or "transfer-encoding" in headers:
             return None
-        return DirectCall(self, conn, headers, keep_alive)
+        return DirectCall(self, conn, headers, keep_alive, shape)
 
     def start(self, call: DirectCall) -> None:
         """The whole body is in: admit the job or answer at once. Runs inside the parser's
@@ -117,8 +157,7 @@ class DirectRoute:
             routes, headers = self.routes, call.headers
             principal = routes.keys.identify(headers.get("authorization"))
             tier = principal.tier.label
-            key = routes.check_head(principal, headers)
-            job = routes.job_of(principal, headers, bytes(call.body), key)
+            job = call.shape.job(routes, principal, headers, bytes(call.body))
             call.body = bytearray()
             call.job = job
             self.admit(call, job)
@@ -150,14 +189,16 @@ class DirectRoute:
                 elapsed = time.perf_counter() - call.started
                 self.routes.record_later(tier, 499, elapsed, (), job.model or "")
                 if self.access_log is not None:
-                    self.access_log.put(hot(job.principal, elapsed, code="client_closed"))
+                    self.access_log.put(hot(job.principal, elapsed, code="client_closed",
+                                            path=call.shape.path))
                 return
             waits = outcome.waits  # none unless the core ran it for this request
             model = outcome.model if waits else job.model or ""
-            response, rid = render(outcome, job.single)
+            response, rid = call.shape.render(outcome, job)
             elapsed = self._write(call, response, tier, waits, model)
             if self.access_log is not None:
-                self.access_log.put(hot(job.principal, elapsed, outcome, rid))
+                self.access_log.put(hot(job.principal, elapsed, outcome, rid,
+                                        path=call.shape.path))
         except Exception as exc:
             self.fail(call, exc, tier)
 
@@ -169,10 +210,10 @@ class DirectRoute:
         err = to_api_error(exc)  # logs what it does not know
         if not call.response_started:
             model = (call.job.model or "") if call.job is not None else ""
-            elapsed = self._write(call, error_response(err.code, err.message, err.headers),
-                                  tier, (), model)
+            elapsed = self._write(call, call.shape.refusal(err), tier, (), model)
             if self.access_log is not None:
-                self.access_log.put(hot(principal, elapsed, code=err.code))
+                self.access_log.put(hot(principal, elapsed, code=err.code,
+                                        path=call.shape.path))
 
     def _write(self, call: DirectCall, response: Response, tier: str,
                waits: tuple[float, ...], model: str = "") -> float:
@@ -200,7 +241,11 @@ class DirectRoute:
                 transport.close()
             conn.on_response_complete()
         self.routes.record_later(tier, response.status_code, elapsed, waits, model)
+        job = call.job
+        if job is not None and job.trace is not None:
+            self.routes.traced(job, call.headers, response.status_code, elapsed, model,
+                               name=f"POST {call.shape.path}")
         return elapsed
 
 
-__all__ = ["Connection", "DirectCall", "DirectRoute"]
+__all__ = ["V1", "Connection", "DirectCall", "DirectRoute", "Shape"]

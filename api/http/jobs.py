@@ -25,6 +25,7 @@ class Job(NamedTuple):
     timeout: float  # seconds
     idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
     model: str | None = None  # as the request names it: "topics", "topics@v2"; None: first
+    trace: str | None = None  # the request span's traceparent; None: tracing is off
 
     @property
     def sticky(self) -> str | None:

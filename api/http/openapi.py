@@ -10,12 +10,14 @@ none."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from html import escape
+from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from api.errors import ERRORS
 from api.http.openapi_admin import (
@@ -60,8 +62,30 @@ ANSWER_EXAMPLES: dict[str, JsonObject] = {
 }
 
 
-def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
-    """The whole document for a server that enforces `limits`."""
+class DocumentedRoute(Route):
+    """A route that brings its own part of the document (`operations`, by method): how a
+    surface mounted from outside api/http (`http_app`'s `extra`, as the Open Inference
+    Protocol's `/v2`) is documented without this room importing it."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], *, methods: list[str],
+                 operations: JsonObject) -> None:
+        super().__init__(path, endpoint, methods=methods)
+        self.operations = operations
+
+
+def documented(routes: Iterable[BaseRoute]) -> JsonObject:
+    """The paths of `routes` that bring their operations, merged by path."""
+    out: JsonObject = {}
+    for route in routes:
+        if isinstance(route, DocumentedRoute):
+            out.setdefault(route.path, {}).update(route.operations)
+    return out
+
+
+def document(limits: Limits, version: str = "0.1.0", extra: JsonObject | None = None
+             ) -> JsonObject:
+    """The whole document for a server that enforces `limits`; `extra`: more paths (a
+    surface mounted beside these, `documented`)."""
     return {
         "openapi": "3.1.0",
         "info": {"title": "batchgate", "version": version,
@@ -80,6 +104,7 @@ def document(limits: Limits, version: str = "0.1.0") -> JsonObject:
             "/admin/models/{name}/versions/{version}": {"delete": admin_retire()},
             "/openapi.json": {"get": operation("this document", {"type": "object"})},
             "/docs": {"get": _docs()},
+            **(extra or {}),
         },
         "components": {
             "schemas": {"Request": _request(limits), "Answer": _answer(),
@@ -128,9 +153,10 @@ def docs_page(doc: JsonObject) -> str:
     return "".join(out)
 
 
-def openapi_routes(limits: Limits) -> list[Route]:
-    """`GET /openapi.json` and `GET /docs`, built once."""
-    doc = document(limits)
+def openapi_routes(limits: Limits, extra: Iterable[BaseRoute] = ()) -> list[Route]:
+    """`GET /openapi.json` and `GET /docs`, built once; `extra`: the routes mounted beside
+    the HTTP surface's own, whose `DocumentedRoute`s are in the document too."""
+    doc = document(limits, extra=documented(extra))
     body, page = orjson.dumps(doc), docs_page(doc)
 
     async def openapi(request: Request) -> Response:
@@ -246,5 +272,5 @@ def _docs() -> JsonObject:
                                   "content": {"text/html": {"schema": string()}}}}}
 
 
-__all__ = ["ADMIN_ONLY", "ANSWER_EXAMPLES", "MODELS_EXAMPLE", "REQUEST_EXAMPLES", "docs_page",
-           "document", "openapi_routes"]
+__all__ = ["ADMIN_ONLY", "ANSWER_EXAMPLES", "MODELS_EXAMPLE", "REQUEST_EXAMPLES",
+           "DocumentedRoute", "docs_page", "document", "documented", "openapi_routes"]

@@ -48,7 +48,7 @@ from api.errors import ERRORS, ApiError, error_body
 from api.http.backpressure import Backpressure
 from api.http.collation import CONNECTION
 from api.http.connections import Connections, LocalConnections
-from api.http.direct import DirectCall, DirectRoute
+from api.http.direct import V1, DirectCall, DirectRoute
 from api.http.fastpath import HOT_PATH
 
 log = logging.getLogger("batchgate.http")
@@ -215,15 +215,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             raise _Refused
         self._in_head, self._head_bytes = False, 0
         direct = self.DIRECT
-        if direct is not None and self.url == HOT_URL \
-                and (self.cycle is None or self.cycle.response_complete) \
-                and self.parser.get_method() == b"POST" and http11:
-            # Not pipelined behind an unanswered request: that one may take ASGI's way,
-            # and uvicorn queues what comes after it.
-            call = direct.call(self, self.headers, self.parser.should_keep_alive())
-            if call is not None:
-                self.cycle = call  # type: ignore[assignment]  # stands in for the cycle
-                return
+        if direct is not None:
+            shape = V1 if self.url == HOT_URL else \
+                direct.shapes(self.url) if direct.shapes is not None else None
+            if shape is not None and (self.cycle is None or self.cycle.response_complete) \
+                    and self.parser.get_method() == b"POST" and http11:
+                # Not pipelined behind an unanswered request: that one may take ASGI's way,
+                # and uvicorn queues what comes after it.
+                call = direct.call(self, self.headers, self.parser.should_keep_alive(), shape)
+                if call is not None:
+                    self.cycle = call  # type: ignore[assignment]  # stands in for the cycle
+                    return
         super().on_headers_complete()
         # The request's own scope, not yet seen by its task; a key of batchgate's own.
         cast("dict[str, Any]", self.scope)[CONNECTION] = self._departure

@@ -26,6 +26,7 @@ from api.http.fastpath import HttpCall, JsonAnswer
 from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id, guarded_answer
 from api.http.parsing import Limits, parse_body, parse_timeout
 from api.metrics import Metrics, pool_capacity
+from batcher.tracing import SAMPLED, Tracing, parse_traceparent, request_context
 
 log = logging.getLogger("batchgate.api")
 
@@ -48,8 +49,11 @@ class CoreView(Protocol):
 
 class Routes:
     def __init__(self, core: CoreView, settings: Settings, keys: KeyRing,
-                 metrics: Metrics, gateway: int | None = None) -> None:
+                 metrics: Metrics, gateway: int | None = None,
+                 tracing: Tracing | None = None) -> None:
+        """`tracing`: where request spans go (None: off, and nothing is traced)."""
         self.core = core
+        self.tracing = tracing
         self.gateway = gateway  # this gateway's slot in a cell
         self.settings = settings
         self.keys = keys
@@ -78,6 +82,7 @@ class Routes:
         outcome: Outcome | None = None
         rid = code = None
         model = ""  # what the request named, or the version that ran it (metrics)
+        job: Job | None = None
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.label
@@ -96,6 +101,8 @@ class Routes:
         self.record_later(tier, response.status_code, elapsed, waits, model)
         if self.access_log is not None:
             self.access_log.put(hot(principal, elapsed, outcome, rid, code))
+        if job is not None and job.trace is not None:
+            self.traced(job, request.headers, response.status_code, elapsed, model)
         return response
 
     def _record(self, tier: str, status: int, elapsed: float, waits: tuple[float, ...],
@@ -107,7 +114,7 @@ class Routes:
 
     async def _job(self, request: HttpCall, principal: Principal) -> Job:
         key = self.check_head(principal, request.headers)
-        body = await _read_body(request.headers, request.stream(), self.limits.max_body_bytes)
+        body = await read_body(request.headers, request.stream(), self.limits.max_body_bytes)
         return self.job_of(principal, request.headers, body, key)
 
     def check_head(self, principal: Principal, headers: Mapping[str, str]) -> str | None:
@@ -136,7 +143,24 @@ class Routes:
             self.settings.max_request_timeout_ms / 1000,
         )
         idempotency = None if key is None else (key, hashlib.sha256(body).digest())
-        return Job(principal, parsed.texts, parsed.single, timeout, idempotency, parsed.model)
+        return Job(principal, parsed.texts, parsed.single, timeout, idempotency, parsed.model,
+                   None if self.tracing is None else trace_job(self, headers))
+
+    def traced(self, job: Job, headers: Mapping[str, str], status: int, elapsed: float,
+               model: str = "", name: str = "POST /v1/batchstring") -> None:
+        """The request span of a traced job (`job.trace`), ended now, `elapsed` seconds
+        long: a child of the request's `traceparent`, if it brought one. Never raises."""
+        if self.tracing is None or job.trace is None:
+            return
+        parent, _ = request_context(headers.get("traceparent"))
+        own = parse_traceparent(job.trace)
+        if own is None:
+            return
+        end = time.monotonic()
+        self.tracing.emit(name, parent, end - elapsed, end, {
+            "batchgate.tier": job.principal.tier.label, "http.response.status_code": status,
+            "batchgate.model": model or job.model or ""},
+            span_id=own.span_id, trace_id=own.trace_id, server=True)
 
     def record_later(self, tier: str, status: int, elapsed: float,
                      waits: tuple[float, ...], model: str = "") -> None:
@@ -183,13 +207,27 @@ class Routes:
         body = b""
         if request.method == "PUT":  # its size checked as it arrives, never read whole first
             try:
-                body = await _read_body(request.headers, request.stream(),
+                body = await read_body(request.headers, request.stream(),
                                         self.limits.max_body_bytes)
             except ApiError as err:
                 return error_response(err.code, err.message)
         status, value = await self.core.status(StatusCall.MODELS, request.method,
                                                params.get("name"), params.get("version"), body)
         return Response(orjson.dumps(value), status_code=status, media_type=JSON)
+
+
+def trace_job(routes: Routes, headers: Mapping[str, str]) -> str | None:
+    """The traceparent of a request's span (what `Job.trace` carries to the core): a child
+    of the request's `traceparent` header, or the root of a new trace when it brought none
+    or a bad one; None while tracing is off, or when the caller's trace is not sampled
+    (flags 00: nothing of it would be recorded, so nothing is traced). Every way in (HTTP,
+    gRPC metadata) sets it so, and ends the span with `Routes.traced`."""
+    if routes.tracing is None:
+        return None
+    parent, own = request_context(headers.get("traceparent"))
+    if parent is not None and not parent.flags & SAMPLED:
+        return None
+    return str(own)
 
 
 def render(outcome: Outcome, single: bool) -> tuple[Response, str | None]:
@@ -226,7 +264,7 @@ def server_timing(queue: float, batch: float) -> str:
     return f"queue;dur={queue * 1000:.1f}, batch;dur={batch * 1000:.1f}"
 
 
-async def _read_body(headers: Mapping[str, str], stream: AsyncIterator[bytes], limit: int
+async def read_body(headers: Mapping[str, str], stream: AsyncIterator[bytes], limit: int
                      ) -> bytes:
     """The body of `stream`; 413 `body_too_large` as soon as it is known to be over `limit`
     (by its Content-Length, before anything is read; else once the chunks pass it)."""
@@ -243,4 +281,4 @@ async def _read_body(headers: Mapping[str, str], stream: AsyncIterator[bytes], l
     return b"".join(chunks)
 
 
-__all__ = ["CoreView", "Routes", "render"]
+__all__ = ["CoreView", "Routes", "read_body", "render", "trace_job"]

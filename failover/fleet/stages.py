@@ -140,7 +140,7 @@ class Route:
         deadline = min(source.deadline, now + self.pipeline.timeout_s) if stage.guard else \
             source.deadline
         item = Item(ids(), text, source.tier, source.arrived, deadline, self, source.index,
-                    caller=source.caller, version=version)
+                    caller=source.caller, version=version, trace=source.trace)
         self.running[item.id] = at, item
         return item
 

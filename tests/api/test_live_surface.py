@@ -66,7 +66,7 @@ def answers_as_a_gateway_should(
         assert code in STATEFUL_REFUSALS, f"a valid request refused: {response.text[:200]}"
 
 
-@schema.parametrize()
+@schema.exclude(path_regex="^/v2").parametrize()  # its errors: tests/api/oip/test_openapi_live
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_answers_as_documented(case: schemathesis.Case,
                                                live: RunningServer) -> None:

@@ -52,6 +52,17 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(held_port: int) -> Non
         f"stop what holds it (ss -ltnp 'sport = :{held_port}'), or pass another --port"]
 
 
+@pytest.mark.parametrize("gateways", ["1", "2"])
+def test_a_grpc_port_in_use_is_one_line_before_any_model_loads(held_port: int,
+                                                              gateways: str) -> None:
+    """A cell's gateways would each fail to bind it and be restarted without end."""
+    done = refused("--grpc-port", str(held_port), "--gateways", gateways)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"batchgate: error: cannot listen on 127.0.0.1:{held_port}: Address already in use; "
+        f"stop what holds it (ss -ltnp 'sport = :{held_port}'), or pass another --grpc-port"]
+
+
 @pytest.mark.parametrize("broken", ["folder", "garbage"])
 def test_a_state_file_that_cannot_open_is_one_line_before_any_model_loads(
         tmp_path: Path, broken: str) -> None:

@@ -15,7 +15,7 @@ import anyio
 import pytest
 from starlette.responses import Response
 
-from api.http import DirectCall, DirectRoute, Routes
+from api.http import V1, DirectCall, DirectRoute, Routes, Shape
 from tests.api.serving import echoing, serving
 
 pytestmark = pytest.mark.anyio
@@ -111,6 +111,27 @@ async def test_only_a_plain_request_on_the_hot_route_takes_the_direct_way(
     request_: bytes, way: bytes
 ) -> None:
     (body,) = await exchange(request_, 1, Echo())
+    assert body.split(b":", 1)[0] == way
+
+
+def v2_only(url: bytes) -> Shape | None:
+    """Another room's shape for /v2/... (what `api.oip.infer_call` is to the server)."""
+    return V1 if url.startswith(b"/v2/") else None
+
+
+@pytest.mark.parametrize(("path", "method", "way"), [
+    (b"/v2/models/m/infer", b"POST", b"direct"),
+    (b"/v2/models/m/infer", b"PUT", b"asgi"),
+    (b"/other", b"POST", b"asgi"),
+    (b"/v1/batchstring", b"POST", b"direct"),
+])
+async def test_a_shape_given_for_other_urls_takes_them_the_direct_way(
+    path: bytes, method: bytes, way: bytes
+) -> None:
+    route = Echo()
+    route.shapes = v2_only
+    request_ = post(b"{}", path=path).replace(b"POST ", method + b" ", 1)
+    (body,) = await exchange(request_, 1, route)
     assert body.split(b":", 1)[0] == way
 
 
