@@ -13,7 +13,7 @@ other on the same schedule:
 - `v2`: `POST /v2/models/default/infer`, the generator's `kserve` body (one BYTES tensor);
 - `v1-traced`: `/v1` with `--otlp-endpoint` at a local sink that takes every export and
   reads nothing of it (a collector elsewhere costs this host only the export), every request
-  traced;
+  traced; `v1-traced-10`: a tenth of them (`--otlp-sample 0.1`);
 - `v1-before`: `/v1` served from `--before-root` (a worktree of the commit before).
 
 CPU is the door's process (a cell's core, or the single process) and, in `all`, its workers
@@ -38,7 +38,7 @@ from loadtest.bench_reference import KEYS, plain_server, wait_port
 from loadtest.server import cpu_seconds, door_pid, free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = ("plain", "v1", "v2", "v1-traced", "v1-before")
+VARIANTS = ("plain", "v1", "v2", "v1-traced", "v1-traced-10", "v1-before")
 PATHS = {"v1": ("/v1/batchstring", "json"), "v2": ("/v2/models/default/infer", "kserve")}
 SINK = """
 import http.server, sys
@@ -108,9 +108,11 @@ def measure(a: argparse.Namespace, variant: str, scenario: str, rps: float, work
         raise SystemExit("v1-before needs --before-root")
     args = ["--keys", str(KEYS), "--batch-latency-ms", "0"]
     paths = [str(a.bench_dir), str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
-    with _sink_if(variant == "v1-traced") as endpoint:
+    with _sink_if(variant.startswith("v1-traced")) as endpoint:
         if endpoint is not None:
             args += ["--otlp-endpoint", endpoint]
+        if variant == "v1-traced-10":
+            args += ["--otlp-sample", "0.1"]
         with running_server(workers, "batchfn:batchstring_blocking", args,
                             env={"PYTHONPATH": os.pathsep.join(paths)}, cwd=root) as srv:
             return _driven(a, variant, scenario, run, srv.url + path, proto, rps,

@@ -195,6 +195,9 @@ class Settings:
     otlp_endpoint: str | None = field(default=None, metadata=doc(
         "send each request's trace (spans of every process it crosses) over OTLP/HTTP to "
         "this collector, http://HOST:4318 (needs batchgate[otel])", shown="off"))
+    otlp_sample: float = field(default=1.0, metadata=doc(
+        "with --otlp-endpoint, the share of requests that bring no traceparent which start a "
+        "trace (a caller's traceparent is followed as it says)"))
 
     def state_spec(self) -> StateSpec:
         """`--state` read: where kept answers live (the one reading of this text, made
@@ -254,6 +257,8 @@ class Settings:
                f"access-log must be off or json, got {self.access_log!r}")
         _check(self.log_level in LOG_LEVELS,
                f"log-level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        _check(0.0 <= self.otlp_sample <= 1.0,
+               f"otlp-sample must be within 0..1, got {self.otlp_sample}")
         _check(self.otlp_endpoint is None or _is_http_url(self.otlp_endpoint),
                f"otlp-endpoint must be an http(s) URL like http://localhost:4318, got "
                f"{self.otlp_endpoint!r}")

@@ -86,7 +86,7 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
     `identity`: the cell it is one of (`BATCHGATE_CELL_ID`; None: a cell of its own)."""
     metrics = Metrics()
     keys = keys or load_keys(settings.keys, settings.admin_key)
-    tracing = Tracing.of(settings.otlp_endpoint, "server")
+    tracing = Tracing.of(settings.otlp_endpoint, "server", settings.otlp_sample)
     service, door, status, models = build_door(settings, keys, metrics, pool,
                                                identity=identity, tracing=tracing)
     routes = Routes(LocalCore(door, status.table), settings, keys, metrics, tracing=tracing)

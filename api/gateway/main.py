@@ -68,7 +68,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
         return supervisor is None or not supervisor.silent()
 
     core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc, kept=kept)
-    tracing = Tracing.of(settings.otlp_endpoint, "gateway")
+    tracing = Tracing.of(settings.otlp_endpoint, "gateway", settings.otlp_sample)
     routes = Routes(core, settings, keys, metrics, gateway=slot, tracing=tracing)
 
     def heard(message: Order | CellStatus) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import re
 import time
 from collections import Counter
@@ -224,7 +225,11 @@ def trace_job(routes: Routes, headers: Mapping[str, str]) -> str | None:
     gRPC metadata) sets it so, and ends the span with `Routes.traced`."""
     if routes.tracing is None:
         return None
-    parent, own = request_context(headers.get("traceparent"))
+    header = headers.get("traceparent")
+    sample = routes.tracing.sample
+    if header is None and sample < 1.0 and random.random() >= sample:
+        return None  # `--otlp-sample`: this one starts no trace
+    parent, own = request_context(header)
     if parent is not None and not parent.flags & SAMPLED:
         return None
     return str(own)

@@ -45,18 +45,24 @@ class Tracing:
     def __init__(self, provider: TracerProvider, exporter: SpanExporter, ids: Any,
                  role: str) -> None:
         self._provider, self._exporter, self._ids, self.role = provider, exporter, ids, role
+        # The share of requests without a caller's traceparent that start a trace (the door
+        # decides: `api.http.trace_job`); what a trace costs is per request.
+        self.sample = 1.0
         self._tracer: Tracer = provider.get_tracer("batchgate")
         self._lock = threading.Lock()  # the chosen ids are the next span's, one at a time
         self._offset_ns = time.time_ns() - time.monotonic_ns()
 
     @classmethod
-    def of(cls, endpoint: str | None, role: str) -> Tracing | None:
+    def of(cls, endpoint: str | None, role: str, sample: float = 1.0) -> Tracing | None:
         """`start`ed when an endpoint is given; None (tracing off) otherwise, or when the
-        SDK is missing (installed with `batchgate[otel]`): logged, never fatal."""
+        SDK is missing (installed with `batchgate[otel]`): logged, never fatal. `sample`:
+        the share of requests without a caller's trace that start one (`--otlp-sample`)."""
         if endpoint is None:
             return None
         try:
-            return cls.start(endpoint, role)
+            tracing = cls.start(endpoint, role)
+            tracing.sample = sample
+            return tracing
         except ImportError as exc:
             log.error("--otlp-endpoint needs batchgate[otel] (the OpenTelemetry SDK): %s; "
                       "traces are off", exc)

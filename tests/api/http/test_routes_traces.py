@@ -127,3 +127,17 @@ def test_trace_job_is_none_while_tracing_is_off(exported: InMemorySpanExporter) 
     assert trace_job(routes(Core(), None), {"traceparent": HEADER}) is None
     made = trace_job(routes(Core(), exported), {"traceparent": HEADER})
     assert made is not None and made.startswith(HEADER[:36])
+
+
+def test_otlp_sample_starts_that_share_of_traces_and_follows_a_callers(
+        exported: InMemorySpanExporter) -> None:
+    """`--otlp-sample`: of requests without a traceparent, that share starts a trace; a
+    caller's sampled traceparent is followed whatever the share."""
+    r = routes(Core(), exported)
+    assert r.tracing is not None
+    r.tracing.sample = 0.0
+    assert [trace_job(r, {}) for _ in range(50)] == [None] * 50
+    assert trace_job(r, {"traceparent": HEADER}) is not None
+    r.tracing.sample = 0.5
+    started = sum(trace_job(r, {}) is not None for _ in range(2000))
+    assert 800 < started < 1200  # a binomial(2000, 0.5): 8 standard deviations either way

@@ -11,7 +11,7 @@ from api.errors import ERRORS, ApiError
 from api.oip import Inferred
 from api.oip.grpc import grpc_predict_v2_pb2 as pb
 from api.oip.grpc_codec import Decoded, decode, encode, raw_bytes, status_code, trailers
-from api.oip.grpc_server import _timeout_ms
+from api.oip.grpc_server import _metadata, _timeout_ms
 
 TEXTS = ["abc", "héllo", ""]
 
@@ -150,3 +150,20 @@ def test_the_generated_messages_live_beside_tritonclients_own() -> None:
     theirs = service_pb2.ModelInferRequest.FromString(ours.SerializeToString())
     assert list(theirs.raw_input_contents) == list(ours.raw_input_contents)
     assert decode(pb.ModelInferRequest.FromString(theirs.SerializeToString())).texts == TEXTS
+
+
+class _Context:
+    """The metadata a gRPC call brought, as `grpc.aio` hands it over."""
+
+    def __init__(self, *pairs: tuple[str, str]) -> None:
+        self.pairs = pairs
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.pairs
+
+
+def test_the_metadata_infer_reads_include_a_callers_traceparent() -> None:
+    header = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    got = _metadata(_Context(("authorization", "Bearer k"), ("traceparent", header),
+                             ("user-agent", "grpc-python")))  # type: ignore[arg-type]
+    assert got == {"authorization": "Bearer k", "traceparent": header}
