@@ -58,7 +58,12 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
     metrics = Metrics()
     keys = load_keys(settings.keys, settings.admin_key)
 
+    stopping = False  # the supervisor said STOP: the core closes the link as the cell stops
+
     def core_lost() -> None:
+        if stopping and not core.jobs:
+            log.info("the link to the core closed as the cell stops")
+            return
         log.error("the link to the core closed; holding %d jobs for the next core",
                   len(core.jobs))
 
@@ -72,7 +77,9 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
     routes = Routes(core, settings, keys, metrics, gateway=slot, tracing=tracing)
 
     def heard(message: Order | CellStatus) -> None:
+        nonlocal stopping
         if message is Order.STOP:  # finish what this gateway holds, then exit
+            stopping = True
             server.stop()
         elif message is Order.RELOAD:
             routes.reload_keys()

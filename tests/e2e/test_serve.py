@@ -132,6 +132,8 @@ async def test_sigterm_finishes_in_flight_work_and_leaves_no_process() -> None:
     # uvicorn re-raises SIGTERM after its graceful shutdown, so -15 is a clean exit too.
     assert leftovers == [] and srv.process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in srv.log_tail(40)
+    errors = [line for line in srv.log_path.read_text().splitlines() if " ERROR " in line]
+    assert errors == []  # a clean stop says nothing is wrong (a cell's gateways included)
     srv.log_path.unlink()  # read; a failure above keeps it
 
 
