@@ -28,13 +28,19 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from loadtest.bench_reference import KEYS, plain_server, wait_port
+from loadtest.bench_reference import (
+    KEYS,
+    generate,
+    generator_arguments,
+    plain_server,
+    scenarios,
+    wait_port,
+)
 from loadtest.server import cpu_seconds, door_pid, free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,19 +74,6 @@ class Row:
     cpu_ms_per_req: float  # the door's process
     all_cpu_ms_per_req: float  # the door's process and every child (workers, gateways)
     generator_behind: bool
-
-
-def generate(a: argparse.Namespace, url: str, proto: str, rps: float, duration: float,
-             warmup: float, seed: int) -> dict[str, object]:
-    """One bounded run of the shared generator in `proto`; its JSON result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [a.ref_python, str(a.bench_dir / "loadgen.py"), "--url", url, "--proto", proto,
-               "--rate", str(rps), "--duration", str(duration), "--warmup", str(warmup),
-               "--seed", str(seed), "--quiet", "--out", str(out)]
-        subprocess.run(cmd, check=True, timeout=warmup + duration + 60)
-        result: dict[str, object] = json.loads(out.read_text())
-        return result
 
 
 @contextmanager
@@ -132,10 +125,11 @@ def _sink_if(wanted: bool) -> Iterator[str | None]:
 def _driven(a: argparse.Namespace, variant: str, scenario: str, run: int, url: str,
             proto: str, rps: float, door: int, top: int | None = None) -> Row:
     """Warm `url`, then the measured run; its row."""
-    generate(a, url, proto, rps, a.warmup_s, 0.5, a.seed + 1)
+    generate(a.ref_python, a.bench_dir, url, rps, a.warmup_s, 0.5, a.seed + 1, proto)
     top = door if top is None else top
     cpu0, all0 = cpu_seconds(door), cpu_seconds(top) + cpu_seconds(top, children=True)
-    result = generate(a, url, proto, rps, a.duration, a.warmup, a.seed)
+    result = generate(a.ref_python, a.bench_dir, url, rps, a.duration, a.warmup, a.seed,
+                      proto)
     cpu = cpu_seconds(door) - cpu0
     every = cpu_seconds(top) + cpu_seconds(top, children=True) - all0
     lat = result["lat_ms"]
@@ -161,28 +155,17 @@ def format_row(r: Row) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_protocols",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", nargs="+", default=["800@1", "3000@4"], metavar="RPS@WORKERS")
-    p.add_argument("--runs", type=int, default=2, help="runs of each variant per scenario")
+    generator_arguments(p, ("800@1", "3000@4"))
     p.add_argument("--variants", nargs="+", choices=VARIANTS,
                    default=["plain", "v1", "v2", "v1-traced"])
-    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
-    p.add_argument("--warmup", type=float, default=3.0, help="generator's own warm-up")
-    p.add_argument("--warmup-s", type=float, default=3.0, help="a separate warm-up run first")
-    p.add_argument("--seed", type=int, default=1800)
-    p.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
-    p.add_argument("--ref-python", default=str(Path.home() / ".cache/refbench/bin/python"))
-    p.add_argument("--root", type=Path, default=ROOT, help="the batchgate checkout to serve")
     p.add_argument("--before-root", type=Path, help="v1-before: the checkout of the build before")
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON")
     a = p.parse_args(argv)
     print(f"open loop, Poisson, seed {a.seed}, {a.duration:g} s per run; ms from the scheduled "
           "send; cpu: ms per request of the door's process; all: with its workers and "
           "children", flush=True)
     print(HEADER, flush=True)
     rows: list[Row] = []
-    for spec in a.rates:
-        rps_text, _, workers_text = spec.partition("@")
-        rps, workers = float(rps_text), int(workers_text or 1)
+    for spec, rps, workers in scenarios(a.rates):
         for run in range(1, a.runs + 1):
             for variant in a.variants:
                 rows.append(measure(a, variant, spec, rps, workers, run))

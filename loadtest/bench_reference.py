@@ -118,13 +118,14 @@ def plain_server(python: str, bench: Path, workers: int) -> Iterator[tuple[str, 
 
 
 def generate(python: str, bench: Path, url: str, rps: float, duration: float, warmup: float,
-             seed: int) -> dict[str, object]:
-    """One bounded run of the shared generator; its JSON result."""
+             seed: int, proto: str = "json") -> dict[str, object]:
+    """One bounded run of the shared generator, its bodies in `proto` (`json`: /v1's,
+    `kserve`: the Open Inference Protocol's); its JSON result."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [python, str(bench / "loadgen.py"), "--url", url, "--rate", str(rps),
-               "--duration", str(duration), "--warmup", str(warmup), "--seed", str(seed),
-               "--quiet", "--out", str(out)]
+        cmd = [python, str(bench / "loadgen.py"), "--url", url, "--proto", proto, "--rate",
+               str(rps), "--duration", str(duration), "--warmup", str(warmup), "--seed",
+               str(seed), "--quiet", "--out", str(out)]
         subprocess.run(cmd, check=True, timeout=warmup + duration + 60)
         result: dict[str, object] = json.loads(out.read_text())
         return result
@@ -190,10 +191,10 @@ def format_row(r: Row) -> str:
             f"{'BEHIND' if r.generator_behind else 'ok'}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_reference",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", nargs="+", default=list(DEFAULT_RATES), metavar="RPS@WORKERS")
+def generator_arguments(p: argparse.ArgumentParser, rates: Sequence[str]) -> None:
+    """The options of a benchmark that drives servers with the shared generator, one after
+    the other, beside the plain batcher (this module's and `loadtest.bench_protocols`)."""
+    p.add_argument("--rates", nargs="+", default=list(rates), metavar="RPS@WORKERS")
     p.add_argument("--runs", type=int, default=2, help="runs of each server per scenario")
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
     p.add_argument("--warmup", type=float, default=3.0, help="generator's own warm-up")
@@ -201,22 +202,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1800)
     p.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     p.add_argument("--ref-python", default=str(Path.home() / ".cache/refbench/bin/python"))
-    p.add_argument("--keys", type=Path, default=KEYS)
     p.add_argument("--root", type=Path, default=ROOT,
                    help="the batchgate checkout to serve (e.g. a worktree of an older commit)")
+    p.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON")
+
+
+def scenarios(specs: Sequence[str]) -> Iterator[tuple[str, float, int]]:
+    """Each `RPS@WORKERS` of `--rates`: itself, its rate and its workers (1 if not said)."""
+    for spec in specs:
+        rps_text, _, workers_text = spec.partition("@")
+        yield spec, float(rps_text), int(workers_text or 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_reference",
+                                description=__doc__.split("\n\n")[0])
+    generator_arguments(p, DEFAULT_RATES)
+    p.add_argument("--keys", type=Path, default=KEYS)
     p.add_argument("--server-arg", action="append", default=[],
                    help="one more flag for batchgate serve (repeatable)")
     p.add_argument("--only", choices=["plain", "batchgate"], help="run one server only")
-    p.add_argument("--json", type=Path, metavar="OUT", help="also write the rows as JSON")
     a = p.parse_args(argv)
     print(f"open loop, Poisson, seed {a.seed}, {a.duration:g} s per run; ms from the scheduled "
           "send; plain = ../shared/bench pull batcher; gap/gc: batchgate's idle-gap and GC-pause "
           "P99 (ms) over the run", flush=True)
     print(HEADER, flush=True)
     rows: list[Row] = []
-    for spec in a.rates:
-        rps_text, _, workers_text = spec.partition("@")
-        rps, workers = float(rps_text), int(workers_text or 1)
+    for spec, rps, workers in scenarios(a.rates):
         for run in range(1, a.runs + 1):
             for name, measure in (("plain", measure_plain), ("batchgate", measure_batchgate)):
                 if a.only in (None, name):
