@@ -35,6 +35,15 @@ OIP_ERROR = json_object({"error": string(), "code": {"type": "string", "enum": s
 TENSOR_META = json_object({"name": string(), "datatype": {"type": "string", "enum": ["BYTES"]},
                            "shape": {"type": "array", "items": {"type": "integer"}}},
                           ["name", "datatype", "shape"])
+def _binary(what: str, rest: str) -> JsonObject:
+    """A body in the binary tensor data extension: `what` is its JSON part, `rest` says the
+    bytes after it."""
+    return {"schema": {"type": "string", "format": "binary", "description": (
+        "the binary tensor data extension: with the header Inference-Header-Content-Length: "
+        f"L, the first L bytes are the JSON {what}, the rest {rest}, each string a 4-byte "
+        "little-endian length and its UTF-8 bytes")}}
+
+
 STRINGS = {"type": "array", "items": string(), "minItems": 1, "maxItems": MAX_BATCH}
 
 
@@ -131,30 +140,20 @@ def _infer(extra: list[str]) -> JsonObject:
                 "inputs": [{"name": INPUT, "shape": [2], "datatype": "BYTES",
                             "data": ["Heavy rain is forecast", "Shares fell"]}],
                 "parameters": {"binary_data_output": False}}}}},
-            BINARY: {"schema": {"type": "string", "format": "binary",
-                                "description": "the binary tensor data extension: with the "
-                                               "header Inference-Header-Content-Length: L, "
-                                               "the first L bytes are the JSON request, the "
-                                               "rest INPUT's bytes (binary_data_size), each "
-                                               "string a 4-byte little-endian length and its "
-                                               "UTF-8 bytes"}}}},
+            BINARY: _binary("request", "INPUT's bytes (binary_data_size)")}},
         "responses": {"200": {
             "description": f"{OUTPUT} (and {REFUSED}): in JSON, or in the binary section "
                            "after Inference-Header-Content-Length bytes of JSON",
             "content": {JSON: {"schema": _answer()},
-                        BINARY: {"schema": {"type": "string", "format": "binary",
-                                "description": "the binary tensor data extension: with the "
-                                               "header Inference-Header-Content-Length: L, "
-                                               "the first L bytes are the JSON request, the "
-                                               "rest INPUT's bytes (binary_data_size), each "
-                                               "string a 4-byte little-endian length and its "
-                                               "UTF-8 bytes"}}}},
+                        BINARY: _binary("answer", "each binary output's bytes in turn "
+                                                  "(its binary_data_size)")}},
             **errors},
     }
 
 
 def _request() -> JsonObject:
-    tensor = json_object({"name": {"type": "string", "enum": [INPUT]},
+    tensor = json_object({"name": {"type": "string", "description": f"{INPUT} in the "
+                                   "model's metadata; any name is taken"},
                           "datatype": {"type": "string", "enum": ["BYTES"]},
                           "shape": {"type": "array", "items": {"type": "integer",
                                                                "minimum": 1,
