@@ -46,7 +46,7 @@ from failover.groups import Group, Rerun
 from failover.offenders import Offenders
 from failover.quarantine import Quarantine
 from failover.table import InFlightTable, TableStatistics
-from gpu_pool import Err, Ok, Run, StartId, WorkerId
+from gpu_pool import Err, Ok, Run, StartId, StartKind, WorkerId
 
 Refusal = BatchgateError  # why `admit` turned a request away
 SUSPECT_TTL = 60.0  # seconds an input stays under suspicion at most
@@ -242,9 +242,11 @@ class DispatchCore:
 
     # -- the pool's events -----------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: VersionKey | None = None) -> CoreActions:
-        """`start`, `version`: the start it ends and what it holds, for a core of several
-        (`failover.fleet`); one version's core serves whatever its workers hold."""
+                     version: VersionKey | None = None,
+                     how: StartKind = StartKind.SPAWN) -> CoreActions:
+        """`start`, `version`, `how`: the start it ends, what it holds and how it came up,
+        for a core of several (`failover.fleet`); one version's core serves whatever its
+        workers hold."""
         self._table.worker_up(worker)
         return self._pump(now, CoreActions())
 

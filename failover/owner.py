@@ -28,7 +28,7 @@ from batcher import Clock, FlushReason, Item, Tier, VersionKey
 from failover.actions import CoreActions
 from failover.core import CoreStatistics, Refusal
 from failover.errors import ModelLoading
-from gpu_pool import Err, Load, Ok, Pool, StartId, WorkerId
+from gpu_pool import Err, Load, Ok, Pool, StartId, StartKind, WorkerId
 
 STALL_S = 0.1
 """A wake this much later than the owner asked for (or than its last turn, if that ran
@@ -57,7 +57,8 @@ class Core(Protocol):
     def drain(self) -> None: ...
 
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: VersionKey | None = None) -> CoreActions: ...
+                     version: VersionKey | None = None,
+                     how: StartKind = StartKind.SPAWN) -> CoreActions: ...
 
     def reply(self, worker: WorkerId, reply: Ok | Err, now: float, at: float) -> CoreActions:
         ...
@@ -127,6 +128,7 @@ class _Ready:
     worker: WorkerId
     start: StartId
     version: VersionKey
+    how: StartKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +173,9 @@ class CoreOwner:
         self._turned_at = -math.inf  # the clock at the start of the last turn
 
     # -- the pool's events: queued for the next turn ---------------------------------------
-    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
-        self._post(_Ready(worker, start, version))
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey,
+                     how: StartKind = StartKind.SPAWN) -> None:
+        self._post(_Ready(worker, start, version, how))
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         self._post(_Reply(worker, reply, self._clock.now()))
@@ -292,7 +295,7 @@ class CoreOwner:
                                                 event.restart))
             elif isinstance(event, _Ready):
                 actions.extend(core.worker_ready(event.worker, now, event.start,
-                                                 event.version))
+                                                 event.version, event.how))
             else:
                 event.apply(now)
         actions.extend(core.poll(now))

@@ -1,4 +1,5 @@
-"""The GPU worker pool: one spawned process per GPU running `batchstring` one batch at a time.
+"""The GPU worker pool: one process per GPU running `batchstring` one batch at a time, forked
+from a launcher that preloads (else spawned), parked rather than ended when let go.
 
 Offers the pool seam (`Pool`, `PoolEvents`; the scaling the core decides included: `add`,
 `retire`, `cancel_start`), the wire messages, the process pool
@@ -23,7 +24,18 @@ from gpu_pool.models import (
     validate_spec,
 )
 from gpu_pool.pool import WorkerPool
-from gpu_pool.protocol import BatchId, Err, Ok, Origin, Ready, Run, StartId, Stop, WorkerId
+from gpu_pool.protocol import (
+    BatchId,
+    Err,
+    Ok,
+    Origin,
+    Ready,
+    Run,
+    StartId,
+    StartKind,
+    Stop,
+    WorkerId,
+)
 from gpu_pool.ray_settings import (
     CELL_ID_ENV,
     INCARNATION_ENV,
@@ -59,6 +71,7 @@ __all__ = [
     "Salvage",
     "SlotState",
     "StartId",
+    "StartKind",
     "Stop",
     "WorkerConfig",
     "WorkerId",

@@ -25,6 +25,8 @@ class Load:
     version: VersionKey  # the core's name for it, opaque to the pool
     spec: str  # as --model takes it: minilm, sim, module:function
     latency_floor: float | None = None  # None: the pool's floor if set, else the spec's own
+    spawn: bool = False  # never forked from the launcher: a fresh interpreter each start
+    preload: bool = False  # a user's function the launcher looks up (imports) once for all
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -32,6 +34,8 @@ class Load:
         validate_spec(self.spec)
         if self.latency_floor is not None and self.latency_floor < 0:
             raise ValueError(f"{self.version}: batch latency floor must be >= 0")
+        if self.spawn and self.preload:
+            raise ValueError(f"{self.version}: a spawned version is not preloaded")
 
     def floor(self, pool_floor: float | None) -> float:
         """Seconds every batch of this load is padded to: its own floor, else the pool's

@@ -46,6 +46,11 @@ class WorkerPipe(Framed):
         super().connection_lost(exc)
         self._lost()
 
+    def rebind(self, on_messages: Callable[[list[Any]], None],
+               on_lost: Callable[[], None]) -> None:
+        """From now on report to these: the same worker, another owner (parked, woken)."""
+        self._on_messages, self._on_lost = on_messages, on_lost
+
     def close(self) -> None:
         """Drop what is unsent and close this end, reporting nothing: the owner knows."""
         self._on_lost = None

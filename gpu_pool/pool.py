@@ -39,8 +39,10 @@ import functools
 import logging
 import multiprocessing
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 import anyio
@@ -48,10 +50,25 @@ from anyio.abc import TaskStatus
 
 from gpu_pool.attach import AttachedProcess, Found, attachable, leave
 from gpu_pool.lasting import Stay
+from gpu_pool.launching import ForkedProcess, Launcher
 from gpu_pool.load import Load
 from gpu_pool.memory import MIB, resident_bytes
+from gpu_pool.models import parse_spec
 from gpu_pool.pipe import WorkerPipe, open_pipe, open_socket
-from gpu_pool.protocol import Attached, Err, Ok, Ready, Run, Salvaged, Stop, WorkerId
+from gpu_pool.protocol import (
+    Attached,
+    Err,
+    Ok,
+    Park,
+    Parked,
+    Ready,
+    Run,
+    Salvaged,
+    StartKind,
+    Stop,
+    Wake,
+    WorkerId,
+)
 from gpu_pool.salvage import Salvage
 from gpu_pool.seam import PoolEvents, Unstarted
 from gpu_pool.settings import PoolSettings
@@ -66,6 +83,20 @@ STOP_GRACE_S = 10.0  # for a replaced (or switched) worker to exit once told to 
 Process = BaseProcess | AttachedProcess
 
 
+@dataclass(slots=True, eq=False)
+class _Parked:
+    """A worker let go that keeps its process, its weights in host memory, until a start
+    of its version on its device wakes it, or it is given up (the oldest first)."""
+
+    load: Load
+    gpu: int | None
+    process: Process
+    pipe: WorkerPipe
+    since: float  # when it was parked, on the monotonic clock
+    settled: anyio.Event = field(default_factory=anyio.Event)  # said `Parked`, or gone
+    rss: int | None = None  # bytes resident once parked
+
+
 @dataclass(slots=True)
 class _Slot(Slot):
     process: Process | None = None
@@ -76,6 +107,8 @@ class _Slot(Slot):
     found: Found | None = None  # an earlier core's live worker, attached at the first start
     gpu: int | None = None  # the CUDA device its workers are pinned to; None on the CPU
     launching: bool = False  # `_start` is spawning its process, not yet watched
+    parking: _Parked | None = None  # its incarnation let go by parking, its device not yet free
+    loaded: Load | None = None  # what its incarnation holds (a switch changes `load` first)
 
 
 class WorkerPool(SlotPool[_Slot]):
@@ -88,6 +121,12 @@ class WorkerPool(SlotPool[_Slot]):
         self._memory = settings.memory
         self._events: PoolEvents = Unstarted()
         self._ctx = multiprocessing.get_context("spawn")
+        self._launcher = None if not settings.launcher else Launcher(
+            tuple(dict.fromkeys(x.spec for x in (*settings.slot_loads(), *settings.claimable)
+                                if x.preload or (not x.spawn and parse_spec(x.spec)[0]))),
+            settings.backoff, settings.ready_timeout)
+        self._parked: list[_Parked] = []  # oldest first
+        self._parking = anyio.Event()
         loads = settings.slot_loads()
         gpus = settings.gpus
         super().__init__(Slots(
@@ -106,7 +145,10 @@ class WorkerPool(SlotPool[_Slot]):
             for slot in self._slots:
                 slot.found = found.get(slot.index)
         try:
-            await self._slots.keep_started(self._start, task_status=task_status)
+            async with anyio.create_task_group() as tasks:
+                if self._launcher is not None:
+                    tasks.start_soon(self._launcher.run)
+                await self._slots.keep_started(self._start, task_status=task_status)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.stop()
@@ -123,6 +165,9 @@ class WorkerPool(SlotPool[_Slot]):
     async def stop(self, grace: float = 10.0) -> None:
         """Ask every worker to exit, wait up to `grace`, then kill the stragglers."""
         self._slots.stop()
+        parked = list(self._parked)
+        for one in parked:
+            self._give_up(one)
         for slot in self._slots:
             if slot.pipe is not None and slot.state.up:
                 slot.pipe.send(Stop())
@@ -136,6 +181,11 @@ class WorkerPool(SlotPool[_Slot]):
         with anyio.move_on_after(grace):
             for slot in live:
                 await slot.exited.wait()
+        for one in parked:
+            if one.process.is_alive():
+                one.process.kill()
+            one.process.join(timeout=5)
+            self._forget(one)
         for slot in live:
             if slot.process is not None and slot.process.is_alive():
                 slot.process.kill()
@@ -143,6 +193,8 @@ class WorkerPool(SlotPool[_Slot]):
                 slot.process.join(timeout=5)
                 self._detach(slot)
             slot.state = SlotState.STOPPED
+        if self._launcher is not None:  # last: it reaps the workers it forked
+            await self._launcher.stop()
 
     # -- commands ----------------------------------------------------------------------------
     def send(self, worker: WorkerId, run: Run) -> None:
@@ -173,20 +225,49 @@ class WorkerPool(SlotPool[_Slot]):
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process and s.process.pid]
 
+    @property
+    def launcher(self) -> Launcher | None:
+        return self._launcher
+
+    def parked(self) -> list[tuple[Load, int, int | None]]:
+        """What is parked, oldest first: its load, its pid and the bytes it holds."""
+        return [(p.load, p.process.pid or 0, p.rss) for p in self._parked]
+
+    def parking(self) -> anyio.Event:
+        """Set when what is parked next changes (parks, settles, wakes, goes)."""
+        return self._parking
+
+    def _parked_changed(self) -> None:
+        self._parking.set()
+        self._parking = anyio.Event()
+
+    def start_kind(self, load: Load) -> StartKind:
+        """How a start of `load` would come up now: woken when a worker holding it is
+        parked, forked while the launcher is up, else spawned."""
+        if any(p.load == load for p in self._parked):
+            return StartKind.WAKE
+        launcher = self._launcher
+        return StartKind.FORK if launcher is not None and launcher.up is not None and \
+            not load.spawn else StartKind.SPAWN
+
     # -- internals ---------------------------------------------------------------------------
     async def _start(self, slot: _Slot) -> None:
         await self._reap(slot)  # a replaced or switched process exits (its memory freed) first
         if self._slots.stopping:
             return
-        if slot.leaving:  # retired (its process now gone) or taken back
+        if slot.leaving:  # retired (its process now gone, or parked) or taken back
+            self._bound_parked()
             self._finish_leaving(slot)
             return
         # The core never saw a replaced worker go: it keeps its id.
         worker = slot.worker if slot.replacing else self._slots.begin(slot)
         found, slot.found = slot.found, None
-        slot.launching = True
+        slot.launching, slot.loaded = True, slot.load
         try:
             process = None if found is None else await self._attach(slot, worker, found)
+            if process is None:
+                process = self._wake(slot, worker)
+            self._bound_parked()  # after the wake: a switch back never gives up its own
             if process is None:
                 process = await self._launch(slot, worker, self._config(slot))
         finally:
@@ -242,9 +323,9 @@ class WorkerPool(SlotPool[_Slot]):
 
     async def _launch(
         self, slot: _Slot, worker: WorkerId, config: WorkerConfig
-    ) -> BaseProcess | None:
-        """Spawn the slot's process and watch its pipe and sentinel; None if it could not
-        be spawned."""
+    ) -> Process | None:
+        """Fork the slot's process from the launcher, else spawn it, and watch its pipe and
+        sentinel; None if it could not be started."""
         try:
             parent, child = self._ctx.Pipe()
         except OSError as exc:
@@ -252,20 +333,23 @@ class WorkerPool(SlotPool[_Slot]):
             return None
         attach = self._settings.attach
         stay = None if attach is None else Stay(attach, slot.index, keeper=os.getppid())
-        process = self._ctx.Process(
-            target=worker_main, args=(child, config, stay),
-            name=f"batchgate-worker-{slot.index}", daemon=True,
-        )
-        slot.process = process
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
-        try:
-            await anyio.to_thread.run_sync(process.start)
-        except OSError as exc:
-            parent.close()
-            child.close()
-            slot.process = None
-            self._spawn_failed(slot, exc)
-            return None
+        process: BaseProcess | ForkedProcess | None = await self._fork(slot, child, config,
+                                                                       stay)
+        if process is None:
+            process = self._ctx.Process(
+                target=worker_main, args=(child, config, stay),
+                name=f"batchgate-worker-{slot.index}", daemon=True,
+            )
+            slot.process, slot.how = process, StartKind.SPAWN
+            try:
+                await anyio.to_thread.run_sync(process.start)
+            except OSError as exc:
+                parent.close()
+                child.close()
+                slot.process = None
+                self._spawn_failed(slot, exc)
+                return None
         child.close()
         slot.pid = process.pid
         # Shielded (one loop turn): cancelled in between, a live worker with no sentinel
@@ -279,6 +363,44 @@ class WorkerPool(SlotPool[_Slot]):
             log.error("could not watch worker %s's pipe (%s); killing it", worker, exc)
             process.kill()  # its exit, through the sentinel, is a death like any other
         asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, slot, worker)
+        return process
+
+    async def _fork(self, slot: _Slot, child: Connection, config: WorkerConfig,
+                    stay: Stay | None) -> ForkedProcess | None:
+        """The slot's process forked by the launcher; None (spawn it) when there is none
+        up, the version opts out, or the launcher failed. The pool's first starts wait for
+        the launcher's first preload, and are measured as spawns: they paid as much."""
+        launcher, load = self._launcher, slot.load
+        if launcher is None or load is None or load.spawn:
+            return None
+        waited = launcher.up is None  # its preload: what a spawn would have paid
+        await launcher.settled(self._settings.ready_timeout)
+        process = await launcher.fork(child, config, stay)
+        if process is not None:
+            slot.process, slot.how = process, StartKind.SPAWN if waited else StartKind.FORK
+        return process
+
+    def _wake(self, slot: _Slot, worker: WorkerId) -> Process | None:
+        """Wake the worker parked holding the slot's load on its device, as the slot's
+        incarnation `worker`; None when none is parked (or ready to be woken)."""
+        parked = next((p for p in self._parked if p.load == slot.load and p.gpu == slot.gpu
+                       and p.settled.is_set()), None)
+        if parked is None:
+            return None
+        self._parked.remove(parked)
+        self._parked_changed()
+        process = parked.process
+        loop = asyncio.get_running_loop()
+        _unwatch(process)
+        slot.ready, slot.exited = anyio.Event(), anyio.Event()
+        slot.process, slot.pipe, slot.pid, slot.how = process, parked.pipe, process.pid, \
+            StartKind.WAKE
+        parked.pipe.rebind(functools.partial(self._handle, slot, worker),
+                           functools.partial(self._lost, slot, worker))
+        loop.add_reader(process.sentinel, self._on_exit, slot, worker)
+        parked.pipe.send(Wake(self._config(slot).threads))
+        log.info("worker %s wakes in slot %d (pid %s, parked %.1fs)", worker, slot.index,
+                 process.pid, time.monotonic() - parked.since)
         return process
 
     def _spawn_failed(self, slot: _Slot, exc: OSError) -> None:
@@ -334,6 +456,8 @@ class WorkerPool(SlotPool[_Slot]):
             return
         if slot.load is None or held.version != slot.load.version:
             self._slots.holds(slot, held)
+        slot.loaded = slot.load
+        slot.how = StartKind.ATTACH
         self.salvage.attached(worker, held.version, msg.salvaged)
         self._up(slot, worker, msg.ready, "attached, loaded by an earlier core")
 
@@ -348,7 +472,7 @@ class WorkerPool(SlotPool[_Slot]):
                         " it will be replaced after every batch", worker,
                         self._memory.max_rss_mb)
         if started is not None:
-            self._events.worker_ready(worker, started, slot.version)
+            self._events.worker_ready(worker, started, slot.version, slot.how)
         elif slot.held is not None and slot.pipe is not None:  # the core's, meanwhile
             run, slot.held = slot.held, None
             slot.state = SlotState.BUSY
@@ -365,21 +489,111 @@ class WorkerPool(SlotPool[_Slot]):
         log.warning("worker %s (slot %d, pid %d) holds %d MiB, over --worker-max-rss-mb %d: "
                     "replacing it between batches", worker, slot.index, slot.pid, rss // MIB,
                     self._memory.max_rss_mb)
-        self._let_go(slot)
+        self._let_go(slot, park=False)  # parked, it would hold what it was replaced for
         self._slots.replace(slot)
 
-    def _let_go(self, slot: _Slot) -> None:
-        """Tell the slot's idle process to stop, watching it no more: no death to report.
-        The slot's next start waits for it to exit (`_reap`)."""
+    def _let_go(self, slot: _Slot, park: bool = True) -> None:
+        """Tell the slot's idle process to stop (or to park, when `park` and parking is on),
+        watching it no more: no death to report. The slot's next start waits for it to exit,
+        or to free its device (`_reap`)."""
         if slot.process is None or slot.pipe is None:
             return
         asyncio.get_running_loop().remove_reader(slot.process.sentinel)
+        if park and self._parks(slot):
+            self._park(slot)
+            return
         slot.pipe.finish(Stop())  # it exits once it reads this
         slot.retired, slot.process, slot.pipe = slot.process, None, None
 
+    # -- parking -------------------------------------------------------------------------------
+    def _parks(self, slot: _Slot) -> bool:
+        """Whether the slot's idle incarnation, let go, parks rather than exits: parking is
+        on and it is no cell's lasting worker (the next core could not tell a parked one
+        from one that serves)."""
+        return self._settings.parked_max > 0 and self._settings.attach is None and \
+            slot.loaded is not None and not self._slots.stopping
+
+    def _park(self, slot: _Slot) -> None:
+        """Tell the slot's idle incarnation to park; the slot's next start waits until it
+        said so (its device free), `_reap`."""
+        assert slot.process is not None and slot.pipe is not None and slot.loaded is not None
+        parked = _Parked(slot.loaded, slot.gpu, slot.process, slot.pipe, time.monotonic())
+        parked.pipe.rebind(functools.partial(self._parked_says, parked),
+                           functools.partial(self._parked_gone, parked))
+        parked.pipe.send(Park())
+        asyncio.get_running_loop().add_reader(parked.process.sentinel, self._parked_gone,
+                                              parked)
+        self._parked.append(parked)
+        slot.parking, slot.process, slot.pipe = parked, None, None
+        log.info("worker %s (slot %d, pid %s) parks holding %s", slot.worker, slot.index,
+                 parked.process.pid, parked.load.version)
+        self._parked_changed()  # bound once the slot's next start took what it wakes
+
+    def _parked_says(self, parked: _Parked, messages: list[object]) -> None:
+        if any(isinstance(m, Parked) for m in messages) and not parked.settled.is_set():
+            parked.rss = resident_bytes(parked.process.pid) if parked.process.pid else None
+            parked.settled.set()
+            self._bound_parked()
+            self._parked_changed()
+
+    def _parked_gone(self, parked: _Parked) -> None:
+        """A parked worker exited (killed, or its pipe broke): nothing to report, it held
+        no work; it is not woken."""
+        parked.settled.set()
+        if parked in self._parked:
+            self._parked.remove(parked)
+            log.warning("parked worker (pid %s, %s) is gone", parked.process.pid,
+                        parked.load.version)
+        self._forget(parked)
+        self._parked_changed()
+
+    def _bound_parked(self) -> None:
+        """Give up the oldest parked workers past `--parked-max` or the host-RAM budget,
+        sparing what a slot about to start may wake (its predecessor still parking)."""
+        budget = self._settings.parked_ram_mb
+        wanted = [(s.load, s.gpu) for s in self._slots if s.parking is not None]
+        spared = [p for p in self._parked if (p.load, p.gpu) in wanted]
+        while len(self._parked) > len(spared) and (  # the spared leave it as they wake
+                len(self._parked) - len(spared) > self._settings.parked_max or
+                (budget is not None and sum(p.rss or 0 for p in self._parked) > budget * MIB)):
+            oldest = next(p for p in self._parked if p not in spared)
+            log.info("parked worker (pid %s, %s) given up: %d parked, %d MiB", oldest.process.pid,
+                     oldest.load.version, len(self._parked),
+                     sum(p.rss or 0 for p in self._parked) // MIB)
+            self._give_up(oldest)
+
+    def _give_up(self, parked: _Parked) -> None:
+        """Tell a parked worker to exit; its exit is only collected."""
+        if parked in self._parked:
+            self._parked.remove(parked)
+            self._parked_changed()
+        loop = asyncio.get_running_loop()
+        _unwatch(parked.process)
+        parked.pipe.finish(Stop())
+        loop.add_reader(parked.process.sentinel, self._parked_gone, parked)
+
+    def _forget(self, parked: _Parked) -> None:
+        _unwatch(parked.process)
+        parked.pipe.close()
+        if parked.process.is_alive():
+            parked.process.kill()
+        parked.process.join(timeout=1)
+        if isinstance(parked.process, AttachedProcess):
+            parked.process.close()
+
     async def _reap(self, slot: _Slot) -> None:
         """Wait until the replaced or switched process has exited, its memory freed,
-        killing it past `STOP_GRACE_S`."""
+        killing it past `STOP_GRACE_S`; or, parked, until it said its device is free."""
+        parking = slot.parking
+        if parking is not None:
+            with anyio.move_on_after(STOP_GRACE_S):
+                await parking.settled.wait()
+            slot.parking = None
+            if not parking.settled.is_set():
+                log.warning("parked worker (pid %s) did not free its device; ending it",
+                            parking.process.pid)
+                self._give_up(parking)
+                parking.process.kill()
         process = slot.retired
         if process is None:
             return
@@ -481,15 +695,20 @@ class WorkerPool(SlotPool[_Slot]):
         self._slots.remove(slot)
 
     def _detach(self, slot: _Slot) -> None:
-        loop = asyncio.get_running_loop()
         if slot.process is not None:
-            loop.remove_reader(slot.process.sentinel)
+            _unwatch(slot.process)
             if isinstance(slot.process, AttachedProcess):  # its pidfd, watched no more
                 slot.process.close()
         if slot.pipe is not None:
             slot.pipe.close()
             slot.pipe = None
         self._slots.forget(slot.worker)
+
+
+def _unwatch(process: Process) -> None:
+    """Stop watching `process`'s exit (nothing when its pidfd is closed already)."""
+    if process.sentinel >= 0:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
 
 
 __all__ = ["WorkerPool"]

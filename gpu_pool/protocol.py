@@ -2,6 +2,8 @@
 
 Parent -> worker: `Run` (one batch), `Stop`. Worker -> parent: `Ready` once the model is
 loaded, then exactly one `Ok` or `Err` per `Run`. EOF on the pipe means the worker is gone.
+An idle worker told to `Park` says `Parked` once its device is free, and `Ready` again when
+told to `Wake`.
 
 A cell's worker outlives its core (`gpu_pool.lasting`): to the next core, which connects to
 it, it says `Attached` first (in place of `Ready`), and `Salvaged` once the batch the dead
@@ -39,6 +41,15 @@ class StartId:
 
     origin: Origin
     number: int
+
+
+class StartKind(enum.Enum):
+    """How a worker came up, each kind's time measured apart (`failover.fleet.ledger`)."""
+
+    SPAWN = "spawn"  # a fresh interpreter: every import and the weights from scratch
+    FORK = "fork"  # forked from the pool's launcher, which holds the imports (and weights)
+    WAKE = "wake"  # a parked worker of the same version: its weights back on its device
+    ATTACH = "attach"  # an earlier core's live worker, loaded already: nothing measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +115,29 @@ class Stop:
     """Finish nothing more; exit cleanly."""
 
 
-ToWorker = Run | Stop
-FromWorker = Ready | Ok | Err | Attached | Salvaged
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Give back the device: weights to host memory, then say `Parked` and wait for `Wake`
+    or `Stop`. The process and what it imported stay."""
 
-__all__ = ["Attached", "BatchId", "Err", "FromWorker", "Ok", "Origin", "Ready", "Run",
-           "Salvaged", "StartId", "Stop", "ToWorker", "WorkerId"]
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """The worker's weights are in host memory: its device is free for another."""
+
+    moved: bool  # whether it held weights to move (a plain function holds none)
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """Take the device again (weights back on it), with `threads` torch threads on the
+    CPU, and say `Ready`."""
+
+    threads: int
+
+
+ToWorker = Run | Stop | Park | Wake
+FromWorker = Ready | Ok | Err | Attached | Salvaged | Parked
+
+__all__ = ["Attached", "BatchId", "Err", "FromWorker", "Ok", "Origin", "Park", "Parked", "Ready",
+           "Run", "Salvaged", "StartId", "StartKind", "Stop", "ToWorker", "Wake", "WorkerId"]

@@ -20,14 +20,16 @@ from anyio.abc import TaskStatus
 
 from batcher import VersionKey
 from gpu_pool.load import DEFAULT_VERSION, Load
-from gpu_pool.protocol import Err, Ok, Run, StartId, WorkerId
+from gpu_pool.protocol import Err, Ok, Run, StartId, StartKind, WorkerId
 
 
 class PoolEvents(Protocol):
     """Where a pool reports; called from the event loop, must not block or call back."""
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
-        """Incarnation `worker`, holding `version`, is up: it ends `start`."""
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey,
+                     how: StartKind = StartKind.SPAWN) -> None:
+        """Incarnation `worker`, holding `version`, is up: it ends `start`, which came up
+        `how` (its time is measured by kind)."""
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None: ...
 
@@ -41,7 +43,8 @@ class PoolEvents(Protocol):
 class Unstarted:
     """A pool's listener before `run` names one: no worker exists, so nothing is heard."""
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey,
+                     how: StartKind = StartKind.SPAWN) -> None:
         raise RuntimeError("a worker event before the pool ran")
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
@@ -113,6 +116,10 @@ class Pool(Protocol):
         """Take back `start` while no worker is up for it (pending, starting, or dead and
         waiting out its backoff; not a switch's): end what it started and remove its slot,
         reporting nothing of it. False if it is not such a start (it came up meanwhile)."""
+
+    def start_kind(self, load: Load) -> StartKind:
+        """How a start of `load` would come up now (spawned, forked, woken): the core
+        expects it to take the time measured of that kind."""
 
     def ready_count(self) -> int: ...
 

@@ -31,6 +31,9 @@ class PoolSettings:
     attach: str | None = None  # a cell's workers folder: they outlive the core there
     claimable: tuple[Load, ...] = ()  # what else a worker found there may hold
     otlp_endpoint: str | None = None  # where workers send their spans; None: tracing off
+    launcher: bool = True  # workers forked from a launcher that preloads (`gpu_pool.launcher`)
+    parked_max: int = 0  # workers let go that park instead of exiting; 0: none parks
+    parked_ram_mb: int | None = None  # host memory the parked may hold in all; None: no bound
 
     @property
     def memory(self) -> MemoryBound:
@@ -59,6 +62,10 @@ class PoolSettings:
             raise ValueError(f"{len(self.loads)} loads for {self.workers} workers: name one "
                              "per worker")
         MemoryBound(self.max_rss_mb)  # raises on a bound under 1 MiB
+        if self.parked_max < 0:
+            raise ValueError(f"parked_max must be >= 0, got {self.parked_max}")
+        if self.parked_ram_mb is not None and self.parked_ram_mb < 1:
+            raise ValueError(f"parked_ram_mb must be >= 1, got {self.parked_ram_mb}")
 
 
 __all__ = ["PoolSettings"]

@@ -16,7 +16,7 @@ from collections.abc import Collection
 from typing import Generic, TypeVar
 
 from gpu_pool.load import Load
-from gpu_pool.protocol import StartId, WorkerId
+from gpu_pool.protocol import StartId, StartKind, WorkerId
 from gpu_pool.seam import WorkerInfo
 from gpu_pool.slots import Slot, Slots, SlotState
 
@@ -113,6 +113,10 @@ class SlotPool(Generic[S]):
         return logging.getLogger(self.LOGGER)
 
     # -- what the pool reports ---------------------------------------------------------------
+    def start_kind(self, load: Load) -> StartKind:
+        """How a start of `load` would come up now (`gpu_pool.seam.Pool.start_kind`)."""
+        return StartKind.SPAWN
+
     def ready_count(self) -> int:
         return self._slots.ready_count()
 

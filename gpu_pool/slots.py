@@ -51,7 +51,7 @@ from anyio.abc import TaskStatus
 from batcher import VersionKey
 from batcher.shared import Backoff
 from gpu_pool.load import DEFAULT_VERSION, Load
-from gpu_pool.protocol import Origin, Run, StartId, WorkerId
+from gpu_pool.protocol import Origin, Run, StartId, StartKind, WorkerId
 from gpu_pool.seam import WorkerInfo
 
 SWITCHING = "switching"  # what a slot in a switch shows (`WorkerInfo.state`, `state_counts`)
@@ -94,6 +94,7 @@ class Slot:
     switched_out: WorkerId | None = None  # retired by a switch while still being replaced
     leaving: bool = False  # retired or its start taken back: removed once nothing runs
     start: StartId | None = None  # the start under way until a worker is up for it
+    how: StartKind = StartKind.SPAWN  # how its incarnation is coming up (or came up)
 
     @property
     def version(self) -> VersionKey:

@@ -1,6 +1,8 @@
 """The worker process: load the model once, say READY, then run one batch at a time.
 
-Runs in a spawned child. It holds no state a restart would lose. A Python exception from
+Runs in a spawned child, or one forked from the pool's launcher (`gpu_pool.launcher`). It
+holds no state a restart would lose. Parked (`Park`), it moves its weights to host memory and
+waits to be woken or stopped. A Python exception from
 the model is answered as `Err` and the worker lives on; anything that kills the process is
 noticed by the parent through EOF and the process sentinel.
 """
@@ -22,8 +24,8 @@ from batcher import VersionKey
 from batcher.tracing import Tracing
 from gpu_pool.lasting import Lasting, Stay
 from gpu_pool.load import DEFAULT_VERSION
-from gpu_pool.models import BatchModel, load_model, parse_spec, uses_gpu
-from gpu_pool.protocol import Err, Ok, Ready, Run, Stop
+from gpu_pool.models import HOST, BatchModel, load_model, move, parse_spec, uses_gpu
+from gpu_pool.protocol import Err, Ok, Park, Parked, Ready, Run, Stop, Wake
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,11 @@ def _serve(conn: Connection, config: WorkerConfig, model: BatchModel, ready: Rea
             return
         if isinstance(msg, Stop):
             return
-        if isinstance(msg, Run):
+        if isinstance(msg, Park):
+            conn.send(Parked(move(model, HOST)))
+        elif isinstance(msg, Wake):
+            conn.send(wake(model, msg, ready))
+        elif isinstance(msg, Run):
             if spans is None or msg.traces is None:
                 conn.send(run_batch(model, msg, floor))
                 continue
@@ -87,6 +93,17 @@ def _serve(conn: Connection, config: WorkerConfig, model: BatchModel, ready: Rea
             end = time.monotonic()
             conn.send(outcome)
             spans.ran(msg, start, end)  # once its answer is on its way
+
+
+def wake(model: BatchModel, msg: Wake, ready: Ready) -> Ready:
+    """A parked worker takes its device again: its threads as its slot now has them, its
+    weights back where it first loaded them."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(max(1, msg.threads))
+    if ready.device != HOST:
+        move(model, ready.device)
+    return ready
 
 
 def load_worker(config: WorkerConfig) -> tuple[BatchModel, str]:
@@ -194,4 +211,4 @@ def _torch_device(config: WorkerConfig) -> str:
     return "cpu"
 
 
-__all__ = ["RunSpans", "WorkerConfig", "load_worker", "run_batch", "worker_main"]
+__all__ = ["RunSpans", "WorkerConfig", "load_worker", "run_batch", "wake", "worker_main"]

@@ -28,6 +28,7 @@ from gpu_pool import (
     RayPoolSettings,
     Run,
     StartId,
+    StartKind,
     WorkerId,
     WorkerPool,
 )
@@ -56,7 +57,8 @@ class _Replies:
         self.died = False
         self._changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         self.ready.append(worker)
         self._changed.set()
 

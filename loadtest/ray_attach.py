@@ -44,6 +44,7 @@ from gpu_pool import (
     RayPoolSettings,
     Run,
     StartId,
+    StartKind,
     WorkerId,
 )
 from loadtest.netns import loopback_only, rerun_isolated
@@ -59,7 +60,8 @@ class _Printer:
         self.slots: dict[WorkerId, int] = {}
         self.died = 0
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         pass
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:

@@ -3,6 +3,7 @@ free refused with a Retry-After that ends when the capacity it waits for is up, 
 grow to its maximum and come back to its minimum, and is every answer the right one?
 
     python -m loadtest.scale_step [--peak-rps 3000] [--max-batch 100] [--scale-down-delay-s 10]
+        [--start fork|preload|spawn]
 
 Starts a real server on 127.0.0.1 (`--workers 1:4`, the test model `tests.models_scaling:reverse`
 which loads in 5 s, 100 ms batches, keys whose rate limits never bind: what refuses is
@@ -10,6 +11,9 @@ admission) and offers open-loop load, a quarter paid (`loadtest.probe`, every an
 `--base-rps` for `--before-s`, `--peak-rps` for `--peak-s`, then `--base-rps` until the pool is
 back to its minimum (at most `--after-max-s`). `--max-batch 40 --peak-rps 1200 --base-rps 40`
 is the same step relative to what a worker drains, for a generator that cannot offer 3,000 RPS.
+`--start` serves the model from a catalogue saying how its workers start: `preload` has the
+pool's launcher do its 5 s load once, as it holds minilm's weights, so a worker added is a
+fork of it; `spawn` is each worker a fresh interpreter paying the load, as before launchers.
 Meanwhile /admin/workers and /metrics are sampled every `--sample-s`, and a watcher sends
 `--watch-rps` free requests one by one, keeping each answer's time, status and Retry-After
 (the probe keeps no headers). Exits 1 if a request was lost or wrong, or a paid one refused.
@@ -29,6 +33,7 @@ from pathlib import Path
 
 import anyio
 
+from failover.fleet import STARTS
 from loadtest.probe import ProbeConfig, TrafficClass, run_probe
 from loadtest.probe_results import ProbeResult, percentile
 from loadtest.server import fetch_metrics, running_server
@@ -300,13 +305,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default,
                        help=f"default {default}")
     p.add_argument("--gateways", type=int, default=1)
+    p.add_argument("--start", choices=STARTS, default=None,
+                   help="how the model's workers start (its catalogue's `start`): forked from "
+                   "the launcher (the default), `preload`: its load done once in the launcher "
+                   "(a model whose weights the launcher holds, as minilm's), or spawned")
     p.add_argument("--verbose", action="store_true", help="every sample in the timeline")
     a = p.parse_args(argv)
     plan = StepPlan(**{name: getattr(a, name) for name in FLAGS})
     with tempfile.TemporaryDirectory() as tmp:
         args = [*plan.server_args(write_keys(Path(tmp))), "--gateways", str(a.gateways)]
+        if a.start is not None:  # the one model, as a catalogue saying how it starts
+            models = Path(tmp) / "models.toml"
+            models.write_text(f'[models.default.versions.v1]\nspec = "{MODEL}"\n'
+                              f'start = "{a.start}"\n')
+            args += ["--models", str(models)]
         with running_server(plan.min_workers, MODEL, args, ready_timeout_s=120) as srv:
             run = anyio.run(run_step, srv.url, plan)
+    print(f"workers start: {a.start or 'as --model does (forked, the load paid by each)'}")
     print(report(run, a.verbose))
     return 0 if run.lost == 0 and run.wrong == 0 and run.refused("paid") == 0 else 1
 

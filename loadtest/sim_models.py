@@ -13,7 +13,14 @@ placement gives each model a worker where the pool allows, and loads count from 
 cold past its deadline), or given up at its deadline.
 
     python -m loadtest.sim_models [--markdown] [--duration S] [--rates R,R] [--seed N]
-        [--jobs N]
+        [--jobs N] [--kinds [--load-s S] [--fork-s S] [--wake-s S] [--parked-max N]]
+
+`--kinds`: the rotating split only, each policy with today's single kind of start (a switch
+spawns, `load_s`) beside a pool with a launcher and parking (`failover.sim.pool.StartTimes`):
+a switch away parks the worker, a switch back wakes it, any other start forks. The times are
+a GPU host's shares of its spawn (`loadtest.sim_scaling.HostStarts`: a fork 0.30 s / 6.5 s of
+it, as minilm measured here; a wake 2 s of a 120 s spawn), scaled so that the spawn is
+`load_s`: with the default 2 s, a fork 0.09 s and a wake 0.03 s.
 """
 
 from __future__ import annotations
@@ -32,12 +39,15 @@ from failover import CoreSettings
 from failover.fleet import LruOnDemand, Placement, SwitchCost
 from failover.sim import Model, Outcome, Stream, Tally, World, constant, simulate, varying
 from failover.sim.outcome import ms
+from failover.sim.pool import StartTimes
+from loadtest.sim_scaling import HostStarts
 
 BATCH_S = 0.1
 SPLIT = (0.80, 0.15, 0.05)
 DEFAULT_RATES = (400.0, 2_000.0)
 POLICIES: dict[str, Callable[[], Placement]] = {"switch-cost": SwitchCost,
                                                 "lru-on-demand": LruOnDemand}
+HOST = HostStarts()  # a GPU host's start-ups, whose shares of its spawn `--kinds` takes
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,7 @@ class Scenario:
     load_s: float = 2.0
     min_workers: tuple[int, ...] = (1, 0, 0)  # per model: the first is the catalogue's default
     seed: int = 1
+    kinds: StartTimes | None = None  # forks and parked wakes; None: every start a spawn
 
     def __post_init__(self) -> None:
         if self.rate <= 0 or self.duration_s <= 0 or self.workers < 1 or self.shift_s <= 0:
@@ -85,7 +96,16 @@ class Scenario:
                    timeout_s=paid.timeout_ms / 1000)
             for i, name in enumerate(self.models))
         return World(streams, self.duration_s, core, models, self.workers, placement,
-                     seed=self.seed)
+                     seed=self.seed, kinds=self.kinds)
+
+    @property
+    def starts(self) -> str:
+        """How its pool starts workers: spawns only, or forks and wakes too."""
+        kinds = self.kinds
+        if kinds is None:
+            return "spawn"
+        return "+".join(["fork"] * (kinds.fork_s is not None)
+                        + ["wake"] * (kinds.parked_max > 0)) or "spawn"
 
 
 def _rate(scenario: Scenario, model: int, t: float) -> float:
@@ -107,6 +127,14 @@ class Result:
     @property
     def loads_per_minute(self) -> float:
         return self.loads / (self.scenario.duration_s / 60)
+
+    @property
+    def wakes_per_minute(self) -> float:
+        return self.outcome.pool.wakes / (self.scenario.duration_s / 60)
+
+    @property
+    def forks_per_minute(self) -> float:
+        return self.outcome.pool.forks / (self.scenario.duration_s / 60)
 
     @property
     def lost_share(self) -> float:
@@ -132,6 +160,20 @@ def scenarios(rates: Sequence[float], duration_s: float, seed: int) -> list[Scen
             for rate in rates for shift in (math.inf, 30.0)]
 
 
+def host_kinds(load_s: float, host: HostStarts = HOST) -> StartTimes:
+    """`host`'s fork and wake, scaled as its spawn is to `load_s` (a switch spawned today)."""
+    scale = load_s / host.spawn_s
+    return StartTimes(fork_s=host.fork_s * scale, wake_s=host.wake_s * scale,
+                      parked_max=host.parked_max)
+
+
+def kinds_scenarios(rates: Sequence[float], duration_s: float, seed: int,
+                    kinds: StartTimes, load_s: float = 2.0) -> list[Scenario]:
+    """The rotating split (every 30 s) at each rate, started as today and with `kinds`."""
+    return [Scenario(rate, 30.0, duration_s=duration_s, load_s=load_s, seed=seed, kinds=k)
+            for rate in rates for k in (None, kinds)]
+
+
 def run_all(scenarios: Sequence[Scenario], jobs: int = 1) -> list[Result]:
     """Every policy through every scenario, `jobs` at a time."""
     pairs = [(sc, name) for sc in scenarios for name in POLICIES]
@@ -145,12 +187,16 @@ def _run_pair(pair: tuple[Scenario, str]) -> Result:
     return run(*pair)
 
 
-def table(results: Sequence[Result], markdown: bool) -> str:
+def table(results: Sequence[Result], markdown: bool, kinds: bool = False) -> str:
+    """One row per result; `kinds`: with how its pool starts and its wakes and forks."""
     models = len(results[0].scenario.split) if results else 0
-    head = (["policy", "scenario", "items/s", "loads/min", "lost %"]
+    head = (["policy", "scenario", "items/s"] + (["starts"] if kinds else []) + ["loads/min"]
+            + (["wakes/min", "forks/min"] if kinds else []) + ["lost %"]
             + [f"m{i + 1} P50/P95 ms" for i in range(models)] + ["failed", "items"])
-    rows = [[r.policy, r.scenario.name, f"{r.scenario.rate:g}", f"{r.loads_per_minute:.1f}",
-             f"{r.lost_share * 100:.1f}"]
+    rows = [[r.policy, r.scenario.name, f"{r.scenario.rate:g}"]
+            + ([r.scenario.starts] if kinds else []) + [f"{r.loads_per_minute:.1f}"]
+            + ([f"{r.wakes_per_minute:.1f}", f"{r.forks_per_minute:.1f}"] if kinds else [])
+            + [f"{r.lost_share * 100:.1f}"]
             + [f"{ms(r.model(i).percentile(0.5))}/{ms(r.model(i).percentile(0.95))}"
                for i in range(models)]
             + [str(r.failed), str(r.outcome.offered)] for r in results]
@@ -193,13 +239,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (processes)")
     p.add_argument("--markdown", action="store_true", help="a markdown table")
+    p.add_argument("--kinds", action="store_true",
+                   help="the rotating split, started as today and with forks and parked wakes")
+    p.add_argument("--load-s", type=float, default=2.0,
+                   help="a start spawned: a switch's load today (with --kinds)")
+    p.add_argument("--fork-s", type=float, default=None,
+                   help="a fork (default: the host's share of its spawn, of --load-s)")
+    p.add_argument("--wake-s", type=float, default=None,
+                   help="a parked worker's wake (default: the host's share, of --load-s)")
+    p.add_argument("--parked-max", type=int, default=HOST.parked_max,
+                   help="workers parked at most")
     args = p.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",") if r]
-    results = run_all(scenarios(rates, args.duration, args.seed), args.jobs)
-    print(table(results, args.markdown))
-    print()
-    for line in verdicts(results):
-        print(f"- {line}" if args.markdown else line)
+    if args.kinds:
+        scaled = host_kinds(args.load_s)
+        kinds = StartTimes(scaled.fork_s if args.fork_s is None else args.fork_s,
+                           scaled.wake_s if args.wake_s is None else args.wake_s,
+                           args.parked_max)
+        results = run_all(kinds_scenarios(rates, args.duration, args.seed, kinds,
+                                          args.load_s), args.jobs)
+        order = list(POLICIES)  # each policy's two rows side by side, today's first
+        results.sort(key=lambda r: (r.scenario.rate, order.index(r.policy)))
+        print(table(results, args.markdown, kinds=True))
+        note = (f"a spawn {args.load_s:g} s (a switch today); with kinds a fork "
+                f"{kinds.fork_s:.3f} s, a wake {kinds.wake_s:.3f} s, parked at most "
+                f"{kinds.parked_max} (a GPU host's 120 s spawn, 5.5 s fork, 2 s wake, scaled "
+                f"by {args.load_s:g}/120 unless given)")
+        print(f"\n- {note}" if args.markdown else f"\n{note}")
+    else:
+        results = run_all(scenarios(rates, args.duration, args.seed), args.jobs)
+        print(table(results, args.markdown))
+        print()
+        for line in verdicts(results):
+            print(f"- {line}" if args.markdown else line)
     wall = sum(r.outcome.wall_s for r in results)
     events = sum(r.outcome.events for r in results)
     print(f"\n{len(results)} runs: {events:,} events in {wall:.1f} s of CPU "
@@ -207,8 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["POLICIES", "Result", "Scenario", "main", "run", "run_all", "scenarios", "table",
-           "verdicts"]
+__all__ = ["POLICIES", "Result", "Scenario", "host_kinds", "kinds_scenarios", "main", "run",
+           "run_all", "scenarios", "table", "verdicts"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,6 +12,16 @@ batches: hindsight); `ray-serve-default` (`loadtest.sim_rules.RayServeDefault`, 
 admission past reach, requests wait until their timeout); `oracle`
 (`loadtest.sim_rules.Oracle`). GPU-seconds count workers starting, up or restarting, over
 the day.
+
+Start kinds (`run_kinds`): batchgate again with the pool starting workers as a host with a
+launcher and parking does (`failover.sim.pool.StartTimes`), beside today's single kind,
+against the same oracle (today's). The times are a GPU host's (`HostStarts`), scaled into
+the day as its start-up is: the day is `COMPRESSION` times shorter than the README's, so
+its 30 s start-up (`Trace.start_s`) stands for a 120 s spawn. A fork takes the spawn's
+share measured here of minilm forked from the launcher against spawned (0.30 s / 6.5 s,
+about 0.046); a wake 2 s (a few GiB of weights host-to-GPU: vLLM reports 0.1-0.4 s for a
+sleep-mode wake, llm-d about 3 s for a 64 GiB model); parked at most 2 (`--parked-max`'s
+default).
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from batcher import FlushPolicy, Tier
 from failover import CoreSettings
 from failover.fleet import Scaler, ScalerSettings
 from failover.sim import ContractPool, Model, Outcome, Stream, Tally, World, simulate, varying
+from failover.sim.pool import StartTimes
 from loadtest.sim_rules import Oracle, RayServeDefault
 
 BATCH_S, MAX_BATCH = 0.1, FlushPolicy().max_batch
@@ -35,6 +46,33 @@ CAPACITY = MAX_BATCH / BATCH_S  # items/s one worker drains at full batches
 BUDGET = {t: p.budget_ms / 1000 for t, p in DEFAULT_TIERS.items()}
 TIMEOUT = {t: p.timeout_ms / 1000 for t, p in DEFAULT_TIERS.items()}
 POLICIES = ("batchgate", "fixed-peak", "fixed-fewest", "ray-serve-default", "oracle")
+COMPRESSION = 4.0  # the README's day of 20 minutes run in 5: every time in it shrunk alike
+FORK_SHARE = 0.30 / 6.5  # minilm forked from the launcher against spawned, measured here
+
+
+@dataclass(frozen=True, slots=True)
+class HostStarts:
+    """A GPU host's start-up times, in its own seconds: a spawn (every import and the
+    weights), a fork from the launcher, a parked worker's wake; and how many may park."""
+
+    spawn_s: float = 120.0
+    fork_s: float = 120.0 * FORK_SHARE
+    wake_s: float = 2.0
+    parked_max: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.spawn_s < math.inf or self.fork_s < 0 or self.wake_s < 0 \
+                or self.parked_max < 1:
+            raise ValueError("start times must be >= 0 (a spawn's > 0), parked_max >= 1")
+
+    def kinds(self, scale: float) -> dict[str, StartTimes | None]:
+        """The pool's start kinds to run, by name, times multiplied by `scale` (the
+        simulation's seconds per host second): today's single kind (a spawn of the load
+        time: None), a launcher's forks, forks and parked wakes."""
+        fork, wake = self.fork_s * scale, self.wake_s * scale
+        return {"spawn (today)": None, "+ fork": StartTimes(fork_s=fork),
+                "+ fork, wake": StartTimes(fork_s=fork, wake_s=wake,
+                                           parked_max=self.parked_max)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +88,7 @@ class Trace:
     burst_s: float = 7.5
     burst: float = 2.0
     paid_share: float = 0.3
-    start_s: float = 30.0  # a worker's start-up (its model's load time)
+    start_s: float = 30.0  # a worker's start-up (its model's load time): a spawn, 120 s / 4
     scale_down_delay_s: float = 75.0  # the rule's --scale-down-delay-s
     seed: int = 1
 
@@ -80,16 +118,17 @@ def scaler_settings(trace: Trace, min_workers: int, max_workers: int) -> ScalerS
 
 
 def world(trace: Trace, workers: int, rule: Callable[[ContractPool], Scaler] | None,
-          door: bool = True) -> World:
+          door: bool = True, kinds: StartTimes | None = None) -> World:
     """The day's world: stream `PAID` then stream `FREE`, each with its tier's timeout. With
-    no `door` (Ray Serve) both queue in one tier, oldest first, as one queue of requests."""
+    no `door` (Ray Serve) both queue in one tier, oldest first, as one queue of requests.
+    `kinds`: the pool's forks and wakes (None: every start a spawn of `start_s`)."""
     streams = tuple(
         Stream(varying(partial(_share_of, trace, share), trace.top * share), None,
                tier if door else Tier.PAID, timeout_s=TIMEOUT[tier])
         for tier, share in ((Tier.PAID, trace.paid_share), (Tier.FREE, 1 - trace.paid_share)))
     return World(streams, trace.duration_s, CoreSettings(budgets=BUDGET),
                  (Model(batch_s=BATCH_S, load_s=trace.start_s),), workers, rule=rule,
-                 door=door, seed=trace.seed)
+                 door=door, seed=trace.seed, kinds=kinds)
 
 
 def _share_of(trace: Trace, share: float, t: float) -> float:
@@ -108,17 +147,22 @@ class Result:
 
 
 def run(trace: Trace, name: str, min_workers: int = 1,
-        settings: ScalerSettings | None = None) -> Result:
+        settings: ScalerSettings | None = None, kinds: StartTimes | None = None,
+        label: str | None = None) -> Result:
     """Policy `name` through the day; the scaling ones between `min_workers` and the pool
-    the busiest moment needs at the rule's target utilization (`settings`' bounds if given)."""
+    the busiest moment needs at the rule's target utilization (`settings`' bounds if given).
+    `kinds`: batchgate's pool forks and wakes (the others start as today); `label`: the
+    row's name (the policy's if None)."""
     rule = settings or scaler_settings(trace, min_workers, 1)
     top = math.ceil(trace.busiest() / (CAPACITY * rule.target_utilization) - 1e-9)
     if settings is None:
         rule = dataclasses.replace(rule, max_workers=max(top, min_workers, 1))
     bounds = f"{rule.min_workers}:{rule.max_workers}"
     if name == "batchgate":
-        return Result(name, bounds, simulate(world(trace, rule.min_workers,
-                                                    lambda pool: Scaler(rule))))
+        return Result(label or name, bounds, simulate(world(
+            trace, rule.min_workers, lambda pool: Scaler(rule), kinds=kinds)))
+    if kinds is not None:
+        raise ValueError("start kinds are batchgate's alone")
     if name in ("fixed-peak", "fixed-fewest"):
         n = top if name == "fixed-peak" else math.ceil(trace.busiest() / CAPACITY - 1e-9)
         return Result(name, str(n), simulate(world(trace, n, None)))
@@ -150,5 +194,26 @@ def _run_named(trace: Trace, min_workers: int, settings: ScalerSettings | None,
     return run(trace, name, min_workers, settings)
 
 
-__all__ = ["BUDGET", "CAPACITY", "POLICIES", "Result", "Trace", "run", "run_all",
-           "scaler_settings", "world"]
+def run_kinds(trace: Trace, host: HostStarts = HostStarts(), min_workers: int = 1,
+              jobs: int = 1) -> list[Result]:
+    """Batchgate through the day with each of `host`'s start kinds (scaled so that its spawn
+    takes the day's `start_s`), then the oracle (today's: the one floor all are read
+    against), `jobs` at a time."""
+    scale = trace.start_s / host.spawn_s
+    runs = [(f"batchgate {label}", "batchgate", kinds)
+            for label, kinds in host.kinds(scale).items()] + [("oracle", "oracle", None)]
+    one = partial(_run_kind, trace, min_workers)
+    if jobs < 2:
+        return list(map(one, runs))
+    with ProcessPoolExecutor(jobs) as ex:
+        return list(ex.map(one, runs))
+
+
+def _run_kind(trace: Trace, min_workers: int,
+              labelled: tuple[str, str, StartTimes | None]) -> Result:
+    label, name, kinds = labelled
+    return run(trace, name, min_workers, kinds=kinds, label=label)
+
+
+__all__ = ["BUDGET", "CAPACITY", "COMPRESSION", "FORK_SHARE", "POLICIES", "HostStarts",
+           "Result", "Trace", "run", "run_all", "run_kinds", "scaler_settings", "world"]

@@ -29,6 +29,7 @@ from gpu_pool import (
     PoolSettings,
     RayPoolSettings,
     StartId,
+    StartKind,
     WorkerId,
     WorkerPool,
 )
@@ -64,7 +65,8 @@ class _Ready:
         self.died: list[WorkerId] = []
         self._changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         self.ready.append((worker, start, version))
         self._changed.set()
 

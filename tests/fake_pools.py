@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpu_pool import Load, StartId, WorkerId, WorkerInfo
+from gpu_pool import Load, StartId, StartKind, WorkerId, WorkerInfo
 
 
 class ReportsWorkers:
@@ -39,6 +39,10 @@ class ReportsWorkers:
 
     def retire(self, worker: WorkerId) -> None:
         self.__dict__.setdefault("retired", []).append(worker)
+
+    def start_kind(self, load: Load) -> StartKind:
+        """A fake's workers are up at once, however made."""
+        return StartKind.SPAWN
 
     def cancel_start(self, start: StartId) -> bool:
         """No start is ever pending here: a fake's workers are up at once."""

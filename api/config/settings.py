@@ -160,6 +160,16 @@ class Settings:
         "a worker holding more memory than this (its resident set, in MiB; Linux) after a "
         "batch is replaced before its next one, which waits for the new one to load",
         shown="off"))
+    launcher: bool = field(default=True, metadata=doc(
+        "fork each worker from a launcher process that imports the model's libraries and "
+        "holds its weights once (off: spawn each, importing and loading from scratch)"))
+    parked_max: int = field(default=2, metadata=doc(
+        "workers let go (switched away or retired) that park instead of exiting: weights "
+        "in host memory, woken in place of a load; past it the oldest exits (0: none "
+        "parks)"))
+    parked_ram_mb: int | None = field(default=None, metadata=doc(
+        "host memory the parked workers may hold together (resident sets, MiB); past it "
+        "the oldest exits", shown="off"))
     queue_capacity: int = field(default=20_000, metadata=doc(
         "hard cap on queued items per tier: the memory bound"))
     max_request_timeout_ms: float = field(default=60_000.0, metadata=doc(
@@ -238,6 +248,9 @@ class Settings:
         _check(self.queue_capacity >= 1, "queue-capacity must be at least 1")
         _check(self.worker_max_rss_mb is None or self.worker_max_rss_mb >= 1,
                "worker-max-rss-mb must be at least 1")
+        _check(self.parked_max >= 0, "parked-max must be at least 0")
+        _check(self.parked_ram_mb is None or self.parked_ram_mb >= 1,
+               "parked-ram-mb must be at least 1")
         _check(self.max_request_timeout_ms > 0, "max-request-timeout-ms must be > 0")
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
         _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")

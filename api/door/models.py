@@ -76,6 +76,9 @@ class ModelsAdmin:
                     "queued": state.queued if state else 0,
                     "load_s": state.load_s if state else None,
                     "load_s_hint": config.load_s,
+                    "start": state.start.value if state else None,
+                    "start_s": {k.value: s for k, s in state.start_s.items()} if state
+                    else {},
                     "retired_by_admin": overrides.retired_by_admin(name, short),
                 })
             models.append({

@@ -55,6 +55,7 @@ from gpu_pool import (
     PoolSettings,
     RayPoolSettings,
     Salvage,
+    StartKind,
     WorkerInfo,
     WorkerPool,
     default_latency_floor,
@@ -115,7 +116,8 @@ def load_of(settings: Settings, catalogue: Catalogue, version: VersionKey) -> Lo
     _, config = catalogue.config_of(version)
     floor = (settings.batch_latency_ms / 1000 if settings.batch_latency_ms is not None
              else default_latency_floor(config.spec))
-    return Load(version, config.spec, floor)
+    return Load(version, config.spec, floor, spawn=config.start == "spawn",
+                preload=config.start == "preload")
 
 
 def latency_floor(settings: Settings) -> float:
@@ -191,14 +193,24 @@ class Service:
         def load(version: VersionKey) -> Load:
             return load_of(settings, self.models.catalogue, version)
 
+        started: list[Pool] = []  # the pool, once built: it needs the first starts placed
+
+        def how(version: VersionKey) -> StartKind:
+            """How the pool would start `version` now: its time is what a start costs."""
+            try:
+                return started[0].start_kind(load(version)) if started else StartKind.SPAWN
+            except LookupError:  # gone from the catalogue
+                return StartKind.SPAWN
+
         self.models = ModelCores(catalogue, make_core, SwitchCost(),
                                  build_capacity(settings, settings.gpus or 0),
-                                 most=settings.workers.max)
+                                 most=settings.workers.max, how=how)
         loads = tuple(load(v) for v in self.models.initial(settings.workers.min))
         self.models.starting([v.version for v in loads], self.clock.now())
         claimable = tuple(load(v) for v in catalogue.versions())
         self.salvage = Salvage()  # what a dead core's workers ran, for keyed requests
         self.pool: Pool = pool or build_pool(settings, loads, claimable, identity, self.salvage)
+        started.append(self.pool)
         self.core = CoreOwner(self.models, self.pool, self.clock, observer=observer,
                               loads=load)
         self.leaving = False  # SIGTERM seen: not ready, still serving (see `leave`)
@@ -365,6 +377,9 @@ def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
         restart=settings.restart,
         max_rss_mb=settings.worker_max_rss_mb,
         otlp_endpoint=settings.otlp_endpoint,
+        launcher=settings.launcher,
+        parked_max=settings.parked_max,
+        parked_ram_mb=settings.parked_ram_mb,
     )
     if settings.pool == "process":
         attach = None if identity is None else identity.workers

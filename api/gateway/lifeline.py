@@ -23,24 +23,19 @@ dies (`PR_SET_PDEATHSIG`); elsewhere this does nothing.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import enum
 import logging
 import os
-import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from batcher.shared import Framed
+from batcher.shared import Framed, die_with_parent, name_process, prctl
 
 log = logging.getLogger("batchgate.lifeline")
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 BEAT_S = 0.5  # how often the supervisor says it is there
 SILENT_S = 2.0  # a supervisor silent this long is stopped or stuck: /readyz 503
 
@@ -146,30 +141,6 @@ class ChildEnd(Framed):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
-
-
-def name_process(name: str) -> None:
-    """What `ps -o comm`, `top` and /proc/PID/comm show for this process (15 bytes at
-    most): a cell's processes are otherwise all "python"."""
-    prctl(PR_SET_NAME, name.encode()[:15])
-
-
-def prctl(option: int, arg: int | bytes) -> bool:
-    """Linux's prctl(2) with one argument; whether it succeeded (False where there is no C
-    library to ask)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    return int(ctypes.CDLL(name, use_errno=True).prctl(option, arg, 0, 0, 0)) == 0
-
-
-def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
-    """Have `sig` sent to this process when `parent` (its parent now) dies. If the parent is
-    already gone (it died before this ran), the signal is raised at once."""
-    if not prctl(PR_SET_PDEATHSIG, sig):
-        return
-    if os.getppid() != parent:
-        signal.raise_signal(sig)
 
 
 __all__ = ["BEAT_S", "SILENT_S", "CellStatus", "ChildEnd", "Lifeline", "Order", "Report",

@@ -80,11 +80,11 @@ MODELS_EXAMPLE = {"models": [{
     "with_input": False,
     "versions": [
         {"version": "v1", "spec": "minilm", "state": "resident", "resident_workers": 2,
-         "loading": 0, "queued": 3, "load_s": 4.2, "load_s_hint": None,
-         "retired_by_admin": False},
+         "loading": 0, "queued": 3, "load_s": 0.24, "load_s_hint": None, "start": "fork",
+         "start_s": {"spawn": 5.8, "fork": 0.24}, "retired_by_admin": False},
         {"version": "v2", "spec": "mypkg.topics_v2:batchstring", "state": "loading",
          "resident_workers": 0, "loading": 1, "queued": 0, "load_s": None,
-         "load_s_hint": 40.0, "retired_by_admin": False}]}]}
+         "load_s_hint": 40.0, "start": "fork", "start_s": {}, "retired_by_admin": False}]}]}
 
 
 def guard_keys() -> JsonObject:
@@ -112,12 +112,18 @@ def models_schema() -> JsonObject:
         "state": {"type": "string", "enum": VERSION_STATES},
         "resident_workers": {"type": "integer"}, "loading": {"type": "integer"},
         "queued": {"type": "integer"},
-        "load_s": {**maybe, "description": "measured load time (null: none yet)"},
+        "load_s": {**maybe, "description": "measured time of the kind of start it would get "
+                   "now (null: none yet)"},
         "load_s_hint": {**maybe, "description": "the catalogue's hint"},
+        "start": {"type": ["string", "null"], "enum": ["spawn", "fork", "wake", None],
+                  "description": "the kind of start a worker of it would get now: spawned, "
+                  "forked from the launcher, or a parked one woken (null: never asked)"},
+        "start_s": {"type": "object", "additionalProperties": {"type": "number"},
+                    "description": "measured seconds of its starts, by kind"},
         "retired_by_admin": {"type": "boolean", "description": "retired by the admin API, "
                              "not by the file (kept across reloads and restarts)"}},
         ["version", "spec", "state", "resident_workers", "loading", "queued", "load_s",
-         "load_s_hint", "retired_by_admin"])
+         "load_s_hint", "start", "start_s", "retired_by_admin"])
     model = json_object({
         "name": string(), "default": string(),
         "serving_default": {"type": ["string", "null"], "description": "the version a "

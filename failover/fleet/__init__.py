@@ -18,6 +18,7 @@ from failover.fleet.capacity import (
     pool_throughput,
 )
 from failover.fleet.catalogue import (
+    STARTS,
     Catalogue,
     CatalogueError,
     ModelConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "REASONS",
     "ROLLOUT_TIMEOUT_S",
     "SCALE_REASONS",
+    "STARTS",
     "STEP_S",
     "Capacity",
     "CapacityGauges",

@@ -51,7 +51,10 @@ from gpu_pool import validate_spec
 
 _MODEL_KEYS = ("default", "weights", "min_workers", "max_workers", "idle_unload_s", "versions",
                *GUARD_KEYS)
-_VERSION_KEYS = ("spec", "load_s", "retired")
+_VERSION_KEYS = ("spec", "load_s", "retired", "start")
+# How a version's workers start: forked from the launcher, its function looked up there
+# first (a user's that opts in), or afresh.
+STARTS = ("fork", "preload", "spawn")
 _PERSON = b"batchgate.models"  # keys the sticky hash apart from other hashes of the same key
 _SHOWN = 64  # characters of a requested name quoted back in an error
 _RANDOM = random.SystemRandom()  # unkeyed draws: no state shared by forked processes
@@ -75,6 +78,7 @@ class VersionConfig:
     spec: str  # as --model takes it: minilm, sim, module:function
     load_s: float | None = None  # a hint of the load time until one has been measured
     retired: bool = False  # takes no new requests; its queue finishes, then it is unloaded
+    start: str = "fork"  # "spawn": never forked; "preload": a user's function held by it
 
     def __post_init__(self) -> None:
         if _is_seconds(self.load_s):  # a bad one is refused, with its path, by its model
@@ -133,7 +137,8 @@ class ModelConfig:
         return self.on_guard_failure[tier_label] == "open"
 
     def to_dict(self) -> dict[str, Any]:
-        versions = {v: {"spec": c.spec, "load_s": c.load_s, "retired": c.retired}
+        versions = {v: {"spec": c.spec, "load_s": c.load_s, "retired": c.retired,
+                        "start": c.start}
                     for v, c in self.versions.items()}
         return {"default": self.default, "weights": dict(self.weights),
                 "min_workers": self.min_workers, "max_workers": self.max_workers,
@@ -349,7 +354,7 @@ def _version(name: str, data: Any, path: str) -> VersionConfig:
     if _get(table, "spec", None) is None:
         _fail(f"{path}.spec", "missing: minilm, sim or module:function")
     return VersionConfig(name, table["spec"], _get(table, "load_s", None),
-                         _get(table, "retired", False))
+                         _get(table, "retired", False), _get(table, "start", "fork"))
 
 
 def _check_model(m: ModelConfig) -> None:
@@ -392,6 +397,8 @@ def _check_version(name: str, version: Any, path: str) -> None:
         _fail(f"{path}.{name}.load_s", f"{version.load_s!r} is not a number of seconds > 0")
     if not isinstance(version.retired, bool):
         _fail(f"{path}.{name}.retired", f"{version.retired!r} is not true or false")
+    if version.start not in STARTS:
+        _fail(f"{path}.{name}.start", f"{version.start!r} is not one of {', '.join(STARTS)}")
 
 
 def _check_weights(m: ModelConfig, path: str) -> None:

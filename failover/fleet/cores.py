@@ -32,7 +32,7 @@ from failover.fleet.routing import Routing
 from failover.fleet.sizing import Sizing
 from failover.fleet.staging import Stages
 from failover.fleet.versions import Versions
-from gpu_pool import Err, Ok, StartId, WorkerId
+from gpu_pool import Err, Ok, StartId, StartKind, WorkerId
 
 
 class ModelCores:
@@ -42,16 +42,19 @@ class ModelCores:
         self, catalogue: Catalogue, make_core: Callable[[VersionKey, Catalogue], DispatchCore],
         placement: Placement, capacity: Capacity | None = None,
         backoff: Backoff | None = None, most: int | None = None,
+        how: Callable[[VersionKey], StartKind] | None = None,
     ) -> None:
         """`make_core`: a new dispatch core serving a version of the catalogue. `capacity`:
         the rule of the pool's size (None: none). `backoff`: the pool's, which a start
         that dies loading waits out. `most`: the pool's largest size, against which a
-        request for a version no placement can serve is refused (None: never)."""
+        request for a version no placement can serve is refused (None: never). `how`: the
+        kind of start the pool would make of a version now, whose measured time placement,
+        the rule and admission read (None: a spawn)."""
         self._make_core = make_core
         self._counts_offered = capacity is not None
         self._cores: dict[VersionKey, DispatchCore] = {}
         self._versions = Versions(catalogue)
-        self._residency = Residency(Ledger(backoff), self._versions.load_hint)
+        self._residency = Residency(Ledger(backoff), self._versions.load_hint, how)
         self._failing = Failing()
         self._placing = Placing(placement, self._versions, self._residency, self._cores,
                                 self._failing)
@@ -145,12 +148,14 @@ class ModelCores:
 
     # -- the pool's events ---------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,
-                     version: VersionKey | None = None) -> CoreActions:
+                     version: VersionKey | None = None,
+                     how: StartKind = StartKind.SPAWN) -> CoreActions:
         """Incarnation `worker` holds `version` (None: the first model's), loaded for
-        `start`."""
+        `start`, come up `how`."""
         version = version or self.first_version()
         out = CoreActions()
-        ended = self._residency.up(worker, start, version, now) if start is not None else None
+        ended = self._residency.up(worker, start, version, now, how) if start is not None \
+            else None
         if ended is not None and ended.kind.measured:
             out.loaded.append((ended.version, now - ended.since))
         self._failing.loaded(version)

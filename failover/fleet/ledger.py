@@ -11,7 +11,9 @@ version's ETAs; nobody else keeps a copy.
 
 A start that fails (its worker dies while loading) stays in the ledger under its id, its ETA
 moved out by the pool's backoff. The time a version takes to load is measured here, from
-the starts that end (a restart's holds its backoff, so it is not measured).
+the starts that end (a restart's holds its backoff, so it is not measured), apart for each
+way a worker comes up (`StartKind`: spawned, forked from the launcher, woken from parked):
+a start is expected to take the time of the kind the pool would use for it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,17 @@ import enum
 import itertools
 import math
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from batcher import VersionKey
 from batcher.shared import Backoff
-from gpu_pool import Origin, StartId, WorkerId
+from gpu_pool import Origin, StartId, StartKind, WorkerId
 
 MEASURE_WEIGHT = 0.3  # of the newest load in a version's measured load time
 LATE_SHARE = 0.25  # of a start-up: when a start past its ETA is expected from now
+# The kinds of start each kind is never slower than.
+_SLOWER = {StartKind.WAKE: (StartKind.FORK, StartKind.SPAWN), StartKind.FORK: (StartKind.SPAWN,)}
+K = TypeVar("K")
 
 
 class Kind(enum.Enum):
@@ -68,7 +74,9 @@ class Ledger:
         self._backoff = backoff or Backoff()
         self._starts: dict[StartId, Start] = {}  # in the order asked for
         self._numbers = itertools.count(1)
-        self.measured: dict[VersionKey, float] = {}  # seconds a load of each version takes
+        # Seconds a start of each version takes, by how it came up; and of any version.
+        self.measured: dict[tuple[VersionKey, StartKind], float] = {}
+        self._of_kind: dict[StartKind, float] = {}
 
     # -- what begins a start ---------------------------------------------------------------
     def ask(self, kind: Kind, version: VersionKey, now: float, load_s: float,
@@ -98,15 +106,36 @@ class Ledger:
         return known
 
     # -- what ends one ---------------------------------------------------------------------
-    def up(self, start: StartId, now: float) -> Start | None:
-        """A worker is up for `start` (None: a start not in the ledger, taken back)."""
+    def up(self, start: StartId, now: float, how: StartKind = StartKind.SPAWN) -> Start | None:
+        """A worker is up for `start`, come up `how` (None: a start not in the ledger,
+        taken back)."""
         done = self._starts.pop(start, None)
-        if done is not None and done.kind.measured:
-            before = self.measured.get(done.version)
+        if done is not None and done.kind.measured and how is not StartKind.ATTACH:
             seconds = now - done.since
-            self.measured[done.version] = seconds if before is None else (
-                (1 - MEASURE_WEIGHT) * before + MEASURE_WEIGHT * seconds)
+            _weigh(self.measured, (done.version, how), seconds)
+            _weigh(self._of_kind, how, seconds)
         return done
+
+    def measured_of(self, version: VersionKey) -> dict[StartKind, float]:
+        """Seconds a start of `version` took, as measured, by kind."""
+        return {k: s for (v, k), s in self.measured.items() if v == version}
+
+    def time_of(self, version: VersionKey, how: StartKind) -> float | None:
+        """Seconds a start of `version` is expected to take, come up `how`: as measured.
+        Else a wake (moving weights back: about alike for any version) as measured of any
+        version, but never longer than a slower kind of this version measured (a wake is no
+        slower than a fork, a fork than a spawn); else that slower kind's time (a fork pays
+        whatever its model loads after the fork, which only its own measure knows). None:
+        nothing to go by (a spawn never measured)."""
+        own = self.measured.get((version, how))
+        if own is not None:
+            return own
+        bound = min((s for (v, k), s in self.measured.items()
+                     if v == version and k in _SLOWER.get(how, ())), default=None)
+        kind = self._of_kind.get(how) if how is StartKind.WAKE else None
+        if kind is None:
+            return bound
+        return kind if bound is None else min(kind, bound)
 
     def cancel(self, start: StartId) -> Start | None:
         """`start` is taken back: the pool ends it."""
@@ -160,6 +189,13 @@ class Ledger:
 
     def __len__(self) -> int:
         return len(self._starts)
+
+
+def _weigh(into: dict[K, float], key: K, seconds: float) -> None:
+    """Fold the newest measure into `into[key]`."""
+    before = into.get(key)
+    into[key] = seconds if before is None else (
+        (1 - MEASURE_WEIGHT) * before + MEASURE_WEIGHT * seconds)
 
 
 __all__ = ["LATE_SHARE", "MEASURE_WEIGHT", "Kind", "Ledger", "Start"]

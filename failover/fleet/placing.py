@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from batcher import VersionKey
 from failover import CoreActions, DispatchCore
@@ -31,6 +32,7 @@ from failover.fleet.placement import (
 )
 from failover.fleet.residency import Residency
 from failover.fleet.versions import Versions
+from gpu_pool import StartKind
 
 
 class VersionStatus(enum.StrEnum):
@@ -50,7 +52,9 @@ class VersionState:
     resident: int
     loading: int
     queued: int
-    load_s: float | None  # measured (None: not yet)
+    load_s: float | None  # measured, of the kind of start it would get now (None: not yet)
+    start: StartKind = StartKind.SPAWN  # the kind of start it would get now
+    start_s: Mapping[StartKind, float] = field(default_factory=dict)  # measured, by kind
 
 
 class Placing:
@@ -149,7 +153,9 @@ class Placing:
                      else VersionStatus.FAILING if self._failing.failing(version, now)
                      else VersionStatus.LOADING if loading else VersionStatus.COLD)
             out.append(VersionState(version, state, resident, loading, core.demand(now).queued,
-                                    self._residency.ledger.measured.get(version)))
+                                    self._residency.measured_s(version),
+                                    self._residency.how(version),
+                                    self._residency.ledger.measured_of(version)))
         return out
 
     def replacement(self, now: float) -> VersionKey | None:

@@ -52,6 +52,9 @@ class Counts:
     items: int = 0
     switch_s: float = 0.0  # worker-seconds spent loading for switches
     fired: int = 0  # events the pool handled
+    spawns: int = 0  # incarnations begun, by how they come up (`gpu_pool.StartKind`)
+    forks: int = 0
+    wakes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,9 @@ class Figures:
     batches: int
     items: int
     switch_s: float  # worker-seconds spent loading for switches
+    spawns: int = 0  # incarnations begun, by how they come up: spawned,
+    forks: int = 0  # forked from the launcher,
+    wakes: int = 0  # or woken from parked
 
     @property
     def fill(self) -> float:

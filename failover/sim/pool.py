@@ -17,9 +17,20 @@ now or later. A send the contract forbids raises: to a busy or loading worker, o
 or too many, to an incarnation the core itself switched away or retired, or to one that
 never was.
 
+Start kinds (`StartTimes`), as the process pool makes them (`gpu_pool.StartKind`): with
+none given, every start is a spawn of the version's load time. Given, a worker let go idle
+(switched away, retired) parks holding its load, up to `parked_max` (the oldest given up
+first), holding no GPU: parking is what makes a load come back cheap. A start then wakes a
+parked worker of its load (`wake_s`), else forks from the launcher (`fork_s`, when there is
+one), else spawns; the first slots spawn (they pay the launcher's preload). A switch takes
+the parked worker it wakes before the one it lets go parks, so that a full parked set never
+gives up the very worker `start_kind` said the switch would wake. `start_kind` answers what
+the next start of a load would be, so the core expects the right time.
+
 What it measures (`figures`): GPU-seconds (slots held, starting, up or waiting out a
-backoff, integrated over a window), the most held at once, starts added and stopped,
-switches, crashes, batches and items run, seconds spent loading for switches.
+backoff, integrated over a window; parked workers hold none), the most held at once,
+starts added and stopped, switches, crashes, batches and items run, seconds spent loading
+for switches, and how many starts came up each way (spawned, forked, woken).
 """
 
 from __future__ import annotations
@@ -46,9 +57,31 @@ from gpu_pool import (
     PoolEvents,
     Run,
     StartId,
+    StartKind,
     WorkerId,
     WorkerInfo,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class StartTimes:
+    """How long each kind of start takes, and how many workers may park (what a host with a
+    launcher and parking pays, against a spawn of the version's load time each start).
+
+    `fork_s`: a start forked from the launcher (None: no launcher, a start that wakes
+    nothing spawns); `wake_s`: a parked worker of the load woken (its weights back on the
+    GPU); `parked_max`: workers parked at most (0: none park)."""
+
+    fork_s: float | None = None
+    wake_s: float | None = None
+    parked_max: int = 0
+
+    def __post_init__(self) -> None:
+        if self.parked_max < 0 or any(t is not None and not 0 <= t < math.inf
+                                      for t in (self.fork_s, self.wake_s)):
+            raise ValueError("start times must be >= 0 and parked_max >= 0")
+        if self.parked_max > 0 and self.wake_s is None:
+            raise ValueError("parked workers need a wake time (wake_s)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +146,7 @@ class Slot:
     failures: int = 0
     batch: Run | None = None
     switching: bool = False
+    how: StartKind = StartKind.SPAWN  # how its incarnation comes (came) up
     due: int = -1  # the entry of its pending step (load, answer, restart): others are stale
     heard: bool = True  # dead: the pool noticed (its death reported)
 
@@ -126,9 +160,10 @@ class Slot:
 class ContractPool:
     """Implements `gpu_pool.Pool` over contract workers in virtual time.
 
-    `first`: the load of each first slot; `load_s`: a version's load time;
+    `first`: the load of each first slot; `load_s`: a version's load time (a spawn's);
     `deaths`: when which slot dies; `metered`: the window GPU-seconds are counted over;
-    `answer`: what a worker answers for a batch."""
+    `answer`: what a worker answers for a batch; `kinds`: the times of a fork and a wake
+    and how many park (None: every start a spawn, nothing parks)."""
 
     first: Sequence[Load]
     load_s: Callable[[VersionKey], float]
@@ -136,6 +171,7 @@ class ContractPool:
     deaths: Sequence[Death] = ()
     metered: tuple[float, float] = (0.0, math.inf)
     answer: Callable[[Load, Run], Ok | Err] = echo
+    kinds: StartTimes | None = None
 
     def __post_init__(self) -> None:
         self._slots: dict[int, Slot] = {}
@@ -155,6 +191,8 @@ class ContractPool:
         self._changed = anyio.Event()
         self._held = Held(*self.metered)
         self.counts = Counts()
+        self._parked: list[Load] = []  # the loads of the workers parked, oldest first
+        self._launched = False  # the first slots began: the launcher is up from here on
 
     # -- the task ------------------------------------------------------------------------
     async def run(self, events: PoolEvents, *, task_status: TaskStatus[None]) -> None:
@@ -163,6 +201,7 @@ class ContractPool:
         self._indexes = itertools.count(len(self.first))
         for index, load in enumerate(self.first):
             self._new_slot(index, load, StartId(Origin.FIRST, index), now)
+        self._launched = True
         for death in self.deaths:
             self._push(death.at, _Do.INJECT, death.slot, 0)
         task_status.started()
@@ -229,12 +268,34 @@ class ContractPool:
         self._begin(slot, now)
 
     def _begin(self, slot: Slot, now: float) -> None:
-        """A new incarnation loads the slot's version for its start."""
+        """A new incarnation loads the slot's version for its start: woken (the parked
+        worker taken), forked or spawned, as `start_kind` says, in that kind's time."""
+        how = slot.how = self.start_kind(slot.load)
+        kinds = self.kinds
+        if how is StartKind.WAKE:
+            assert kinds is not None and kinds.wake_s is not None
+            self._parked.remove(slot.load)
+            self.counts.wakes += 1
+            took = kinds.wake_s
+        elif how is StartKind.FORK:
+            assert kinds is not None and kinds.fork_s is not None
+            self.counts.forks += 1
+            took = kinds.fork_s
+        else:
+            self.counts.spawns += 1
+            took = self.load_s(slot.load.version)
         slot.worker = self._last = WorkerId(next(self._ids))
         slot.state, slot.began = SlotState.STARTING, now
         self._of[slot.worker] = slot
-        slot.due = self._push(now + self.load_s(slot.load.version), _Do.UP, slot.index,
-                              slot.worker)
+        slot.due = self._push(now + took, _Do.UP, slot.index, slot.worker)
+
+    def _park(self, load: Load) -> None:
+        """An idle worker let go parks holding `load` (no GPU held), the oldest parked
+        given up past `parked_max`; with no parking it simply exits."""
+        most = 0 if self.kinds is None else self.kinds.parked_max
+        if most > 0:
+            self._parked.append(load)
+            del self._parked[:-most]
 
     def _up(self, slot: Slot, now: float) -> None:
         start, slot.start, slot.due = slot.start, None, -1
@@ -243,7 +304,7 @@ class ContractPool:
             self.counts.switch_s += now - slot.began
         slot.state, slot.ready_at, slot.switching = SlotState.READY, now, False
         self._changed.set()
-        self._tell().worker_ready(slot.worker, start, slot.load.version)
+        self._tell().worker_ready(slot.worker, start, slot.load.version, slot.how)
 
     def _die(self, slot: Slot, now: float, heard: bool = True) -> None:
         """The slot's incarnation is gone. Heard, it is reported with the start its slot
@@ -316,9 +377,10 @@ class ContractPool:
             return
         del self._of[worker]
         self._ended[worker] = "switched away"
-        slot.load, slot.start, slot.switching = load, start, True
+        away, slot.load, slot.start, slot.switching = slot.load, load, start, True
         self.counts.switches += 1
-        self._begin(slot, anyio.current_time())
+        self._begin(slot, anyio.current_time())  # woken if parked: before `away` parks,
+        self._park(away)  # so that a full parked set does not give up the one it wakes
 
     def add(self, load: Load, start: StartId) -> None:
         self.counts.started += 1
@@ -328,6 +390,7 @@ class ContractPool:
         slot = self._of.get(worker)
         if slot is not None and slot.state is SlotState.READY:
             self._ended[worker] = "retired"
+            self._park(slot.load)
             self._leave(slot, anyio.current_time())
 
     def cancel_start(self, start: StartId) -> bool:
@@ -338,6 +401,23 @@ class ContractPool:
         return True
 
     # -- reading -----------------------------------------------------------------------------
+    def start_kind(self, load: Load) -> StartKind:
+        """How the next start of `load` comes up: woken when a worker holding it is parked,
+        forked once the first slots began (the launcher up) if there is a launcher and the
+        load may fork, else spawned."""
+        kinds = self.kinds
+        if kinds is None:
+            return StartKind.SPAWN
+        if load in self._parked:
+            return StartKind.WAKE
+        if kinds.fork_s is not None and self._launched and not load.spawn:
+            return StartKind.FORK
+        return StartKind.SPAWN
+
+    def parked(self) -> list[Load]:
+        """The loads of the workers parked now, oldest first."""
+        return list(self._parked)
+
     def ready_count(self) -> int:
         return sum(s.state in (SlotState.READY, SlotState.BUSY) for s in self._slots.values())
 
@@ -357,7 +437,8 @@ class ContractPool:
     def figures(self, now: float) -> Figures:
         c = self.counts
         return Figures(self._held.seconds(now), self._held.peak, c.started, c.stopped,
-                       c.switches, c.crashes, c.batches, c.items, c.switch_s)
+                       c.switches, c.crashes, c.batches, c.items, c.switch_s, c.spawns,
+                       c.forks, c.wakes)
 
     def in_flight(self) -> int:
         """Items in the batches running now."""
@@ -389,4 +470,4 @@ class ContractPool:
         return None if slot is None else slot.batch
 
 
-__all__ = ["ContractPool", "Death", "SlotView", "echo"]
+__all__ = ["ContractPool", "Death", "SlotView", "StartTimes", "echo"]

@@ -13,6 +13,11 @@ as the door admits one (`Clients`). GPU-seconds count over the day; after it, th
 `drain_s` for the requests still open (None: until each is answered or given up at its
 deadline) and then ends.
 
+Starts take their model's load time, each a spawn; with `kinds` (`StartTimes`) the pool
+forks and parks and wakes as a host with a launcher does, and the core is told how the
+pool would start a version (`ModelCores(how=...)`, as the service wires it) so that it
+expects the time of that kind.
+
 A model may be guarded (`pre`, `post`, `guard_mode`: the catalogue's keys) by guard models
 of the world, whose contract workers answer a verdict for each input (`Model.verdict`), so
 a run measures what the guard stages cost with nothing but the policy in the way.
@@ -46,9 +51,9 @@ from failover.sim.arrivals import Stream, merged
 from failover.sim.clients import Clients
 from failover.sim.loop import run_virtual
 from failover.sim.outcome import Outcome
-from failover.sim.pool import ContractPool, Death
+from failover.sim.pool import ContractPool, Death, StartTimes
 from failover.sim.record import Record
-from gpu_pool import Load, Ok, Run
+from gpu_pool import Load, Ok, Run, StartKind
 
 VERSION = "v1"  # each simulated model has one version
 
@@ -60,7 +65,7 @@ class Model:
 
     name: str = "default"
     batch_s: float = 0.1  # every batch, whatever its size
-    load_s: float = 0.0  # a start or a switch (also the catalogue's hint, if > 0)
+    load_s: float = 0.0  # a start or a switch spawned (also the catalogue's hint, if > 0)
     min_workers: int = 1
     max_workers: int | None = None
     idle_unload_s: float = 600.0
@@ -114,6 +119,7 @@ class World:
     drain_s: float | None = None  # after the day; None: until every request is answered
     door: bool = True  # False: nothing refused, every request queued until its timeout
     seed: int = 1
+    kinds: StartTimes | None = None  # forks, parking and wakes; None: every start a spawn
 
     def __post_init__(self) -> None:
         if not 0 < self.duration_s < math.inf or self.workers < 0 or not self.models:
@@ -162,12 +168,18 @@ class _Run:
             fill[1] += len(run.inputs)
             return w.model(load.version).answer(load, run)
 
-        self.pool = ContractPool([], lambda v: w.model(v).load_s, w.backoff, w.deaths,
-                                 (0.0, w.duration_s), answer)
-        rule = w.rule(self.pool) if w.rule is not None else Scaler(
+        self.pool = pool = ContractPool([], lambda v: w.model(v).load_s, w.backoff, w.deaths,
+                                        (0.0, w.duration_s), answer, w.kinds)
+        rule = w.rule(pool) if w.rule is not None else Scaler(
             ScalerSettings(w.workers, max(w.workers, 1)))
+
+        def how(version: VersionKey) -> StartKind:
+            """How the pool would start `version` now (built first, unlike the service's:
+            before it runs, every start is a first one, a spawn)."""
+            return pool.start_kind(load(version))
+
         self.models = ModelCores(w.catalogue(), make_core, w.placement(), Capacity(rule),
-                                 w.backoff)
+                                 w.backoff, how=how)
         self.load = load
         self.record = Record(len(w.streams), self.clock, w.measure_from)
 

@@ -29,11 +29,33 @@ def load_model(spec: str, device: str) -> BatchModel:
     """
     entry, choices = parse_spec(spec)
     if entry is None:
-        return _as_model(spec, _resolve(spec))
+        return _as_model(spec, _held[spec] if spec in _held else _resolve(spec))
     loader = _resolve(entry.loader)
     if not callable(loader):
         raise TypeError(f"model {spec!r}: loader {entry.loader} is not callable")
     return _as_model(spec, loader(device, *choices))
+
+
+def preload(spec: str) -> bool:
+    """Hold in this process what every worker of `spec` would load (a pool's launcher calls
+    it before it forks them); whether there was anything to hold. A built-in model holds
+    what its entry's `preload` does; a user's function is looked up (its module imported,
+    whatever that loads), which a pool asks only of a version that opted in: an import that
+    kills its process must not kill the launcher."""
+    entry, _ = parse_spec(spec)
+    if entry is None:
+        _held[spec] = _resolve(spec)
+        return True
+    if entry.preload is None:
+        return False
+    hold = _resolve(entry.preload)
+    if not callable(hold):
+        raise TypeError(f"model {spec!r}: preload {entry.preload} is not callable")
+    hold()
+    return True
+
+
+_held: dict[str, object] = {}  # users' functions a launcher looked up before forking
 
 
 def _resolve(target: str) -> object:
@@ -50,4 +72,4 @@ def _as_model(spec: str, obj: object) -> BatchModel:
     return model
 
 
-__all__ = ["BatchModel", "load_model"]
+__all__ = ["BatchModel", "load_model", "preload"]

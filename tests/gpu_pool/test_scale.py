@@ -123,7 +123,7 @@ async def test_a_busy_or_unknown_worker_is_not_retired() -> None:
 
 
 async def test_a_start_taken_back_while_it_loads_is_killed_and_never_comes_up() -> None:
-    async with running_pool("sim") as (pool, events):
+    async with running_pool("sim", launcher=False) as (pool, events):
         spawns = watch_spawns(pool)
         pool.add(SLOW, asked(1))
         assert await anyio.to_thread.run_sync(spawns.started.wait, 10)
@@ -135,7 +135,7 @@ async def test_a_start_taken_back_while_it_loads_is_killed_and_never_comes_up() 
 
 
 async def test_a_start_taken_back_before_its_spawn_never_spawns() -> None:
-    async with running_pool("sim") as (pool, events):
+    async with running_pool("sim", launcher=False) as (pool, events):
         spawns = watch_spawns(pool)
         pool.add(SLOW, asked(1))
         assert pool.cancel_start(asked(1))
@@ -177,7 +177,8 @@ async def test_a_new_worker_that_fails_to_load_dies_is_retried_then_taken_back()
 
 async def test_a_new_worker_is_pinned_to_the_lowest_device_no_slot_holds() -> None:
     events = Events()
-    pool = WorkerPool(PoolSettings(model="sim", workers=2, gpus=3, latency_floor=0.0))
+    pool = WorkerPool(PoolSettings(model="sim", workers=2, gpus=3, latency_floor=0.0,
+                                   launcher=False))
     spawns = watch_spawns(pool)
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run, events)
@@ -200,7 +201,8 @@ async def test_a_worker_being_replaced_for_its_memory_retires_too(when: str) -> 
     # Over the bound after every batch: replaced as its answer comes, which the core sees
     # idle. Retired then, the replacement is never spawned, or is killed as it loads.
     leaky = Load("leak@v1", "tests.models:leak")
-    async with running_pool("sim", workers=2, max_rss_mb=1, loads=(SIM, leaky)) as (
+    async with running_pool("sim", workers=2, max_rss_mb=1, loads=(SIM, leaky),
+                            launcher=False) as (
             pool, events):
         (worker,) = [w.id for w in pool.workers() if w.version == "leak@v1"]
         spawns = watch_spawns(pool)

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from gpu_pool import BatchId, Load, Ok, PoolSettings, Run, WorkerId, WorkerPool
+from gpu_pool import BatchId, Load, Ok, PoolSettings, Run, WorkerId, WorkerPool, stat_of
 from tests.gpu_pool.test_pool import Events, asked
 
 pytestmark = pytest.mark.anyio
@@ -53,11 +53,9 @@ async def answer(pool: WorkerPool, events: Events, worker: WorkerId, text: str) 
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """Running: not gone, and not exited awaiting its parent's reaping (a launcher's fork)."""
+    stat = stat_of(pid)
+    return stat is not None and stat[0] != "Z"
 
 
 class SpawnWatch:
@@ -101,7 +99,7 @@ async def test_each_slot_starts_with_its_own_version_and_answers_from_it() -> No
 
 
 async def test_an_idle_worker_switches_under_a_new_id_and_no_death() -> None:
-    async with versioned_pool(V1) as (pool, events):
+    async with versioned_pool(V1, launcher=False) as (pool, events):  # it watches spawns
         (old,) = events.ready
         old_pid = pool.workers()[0].pid
         assert old_pid is not None
@@ -211,7 +209,7 @@ async def test_a_worker_being_replaced_for_its_memory_switches_too(when: str) ->
     # idle. Switched before the new process is spawned, that one loads the new version;
     # switched while it loads the old one, it is let go once up and another one starts.
     leaky = Load("leak@v1", "tests.models:leak")
-    async with versioned_pool(leaky, max_rss_mb=1) as (pool, events):
+    async with versioned_pool(leaky, max_rss_mb=1, launcher=False) as (pool, events):
         (worker,) = events.ready
         watch = SpawnWatch(pool._ctx)
         pool._ctx = watch  # type: ignore[assignment]

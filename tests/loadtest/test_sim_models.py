@@ -19,7 +19,7 @@ from failover.fleet import (
     WorkerView,
 )
 from failover.sim import Outcome, simulate
-from loadtest.sim_models import Scenario, main, run
+from loadtest.sim_models import Scenario, host_kinds, main, run
 
 MINUTE = 60.0
 
@@ -104,3 +104,33 @@ def test_the_command_prints_a_markdown_table_and_the_verdicts(
     assert rows[0].startswith("| policy | scenario |")
     assert len(rows) == 1 + 4  # two scenarios, two policies
     assert sum(1 for line in out.splitlines() if line.startswith("- ")) == 2
+
+
+def test_with_kinds_a_switch_back_wakes_the_parked_worker_and_any_other_forks() -> None:
+    kinds = host_kinds(2.0)  # a 120 s host's shares of its spawn, of a 2 s switch
+    assert (kinds.fork_s, kinds.wake_s, kinds.parked_max) == pytest.approx(
+        (2.0 * 0.30 / 6.5, 2.0 / 60, 2))
+    scenario = Scenario(400.0, 30.0, duration_s=MINUTE)
+    today = run(scenario, "lru-on-demand")
+    parked = run(dataclasses.replace(scenario, kinds=kinds), "lru-on-demand")
+    assert (today.outcome.pool.forks, today.outcome.pool.wakes) == (0, 0)
+    pool = parked.outcome.pool
+    assert pool.spawns == scenario.workers  # the first slots; every switch wakes or forks
+    assert pool.wakes > 0 and pool.forks > 0 and pool.wakes + pool.forks == pool.switches
+    assert kinds.fork_s is not None and kinds.wake_s is not None
+    assert pool.switch_s == pytest.approx(pool.forks * kinds.fork_s + pool.wakes * kinds.wake_s)
+    assert parked.lost_share < today.lost_share
+
+
+def test_the_command_with_kinds_prints_the_rotating_split_started_both_ways(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--kinds", "--duration", "20", "--rates", "400", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0][:6] == ["| policy", "scenario", "items/s", "starts", "loads/min",
+                           "wakes/min"]
+    assert [(r[0][2:], r[1], r[3]) for r in rows[1:]] == [
+        (p, "80/15/5 rotating every 30 s", s) for p in ("switch-cost", "lru-on-demand")
+        for s in ("spawn", "fork+wake")]
+    assert "a fork 0.092 s, a wake 0.033 s, parked at most 2" in out

@@ -10,8 +10,19 @@ import pytest
 from batcher import Tier
 from failover.fleet import ScalerSettings
 from failover.sim import Outcome
+from loadtest import sim_scaling_report as report
 from loadtest.sim_rules import Oracle
-from loadtest.sim_scaling import BUDGET, CAPACITY, POLICIES, Result, Trace, run, run_all
+from loadtest.sim_scaling import (
+    BUDGET,
+    CAPACITY,
+    POLICIES,
+    HostStarts,
+    Result,
+    Trace,
+    run,
+    run_all,
+    run_kinds,
+)
 from loadtest.sim_scaling_report import table, verdicts
 
 DAY = Trace(low=50, peak=1_000, duration_s=60, burst_at_s=21, burst_s=3, start_s=5,
@@ -133,3 +144,33 @@ def test_a_policy_again_and_in_parallel_runs_to_the_same_outcome(
     names = ["fixed-fewest", "oracle"]
     again = run_all(DAY, names=names, jobs=2)
     assert [figures(r.outcome) for r in again] == [figures(by[n].outcome) for n in names]
+
+
+def test_start_kinds_run_batchgate_beside_todays_single_kind_against_the_oracle(
+    by: dict[str, Result], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The command, on the one-minute day: its 5 s start-up stands for a 20 s spawn (x 4).
+    monkeypatch.setattr(report, "Trace", lambda seed, start_s: dataclasses.replace(
+        DAY, seed=seed, start_s=start_s))
+    assert report.main(["--kinds", "--spawn-s", "20", "--wake-s", "2", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
+    assert rows[0][0] == "| policy" and rows[0][-1] == "spawn/fork/wake |"
+    assert [r[0][2:] for r in rows[1:]] == ["batchgate spawn (today)", "batchgate + fork",
+                                           "batchgate + fork, wake", "oracle"]
+    assert "spawn 20 s -> 5 s; fork 0.92 s" in out and "wake 2 s (weights host-to-GPU) " \
+        "-> 0.50 s; parked at most 2" in out
+
+    today, fork, wake, oracle = run_kinds(DAY, HostStarts(spawn_s=20.0, fork_s=1.0))
+    for r in (today, fork, wake):
+        assert r.tier(Tier.PAID).over(BUDGET[Tier.PAID]) == 0
+    pool = today.outcome.pool  # every start a spawn, as `run` gives it
+    assert (pool.spawns, pool.forks, pool.wakes) == (1 + pool.started, 0, 0)
+    assert figures(today.outcome) == figures(by["batchgate"].outcome)
+    for r in (fork, wake):  # the first slot spawns; every start the rule adds forks or wakes
+        pool = r.outcome.pool
+        assert pool.spawns == 1 and pool.forks + pool.wakes == pool.started > 0
+    assert fork.outcome.pool.wakes == 0
+    assert oracle.policy == "oracle" and oracle.outcome.pool.forks == 0
+

@@ -24,6 +24,7 @@ from gpu_pool import (
     RayPoolSettings,
     Run,
     StartId,
+    StartKind,
     WorkerId,
 )
 from gpu_pool.ray_cluster import lost_nodes
@@ -137,7 +138,8 @@ class UpWatch(Events):
         self.up = threading.Event()
         self.up_at_death: list[int] = []
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         super().worker_ready(worker, start, version)
         self.up.set()
 

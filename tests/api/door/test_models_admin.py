@@ -95,11 +95,11 @@ def test_get_shows_each_models_settings_and_each_versions_state() -> None:
         "guard_timeout_ms": 300.0, "with_input": False, "set_by_admin": []}
     assert topics["versions"] == [
         {"version": "v1", "spec": "sim", "state": "resident", "resident_workers": 2,
-         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": 2.0,
-         "retired_by_admin": False},
+         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": 2.0, "start": "spawn",
+         "start_s": {}, "retired_by_admin": False},
         {"version": "v2", "spec": "sim", "state": "cold", "resident_workers": 0,
-         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": None,
-         "retired_by_admin": False}]
+         "loading": 0, "queued": 0, "load_s": None, "load_s_hint": None, "start": "spawn",
+         "start_s": {}, "retired_by_admin": False}]
     assert admin.api.states() == {"topics@v1": "resident", "topics@v2": "cold",
                                   "other@v1": "resident"}
     assert orjson.loads(orjson.dumps(view)) == view  # plain values: it crosses the link

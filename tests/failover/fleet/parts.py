@@ -18,7 +18,7 @@ from failover.core import Refusal
 from failover.fleet.cores import ModelCores
 from failover.fleet.placement import Switch, SwitchCost, VersionView, WorkerView
 from failover.fleet.versions import ROLLOUT_TIMEOUT_S
-from gpu_pool import Err, Load, Ok, Run, StartId, WorkerId
+from gpu_pool import Err, Load, Ok, Run, StartId, StartKind, WorkerId
 
 if TYPE_CHECKING:
     from tests.failover.fleet.driver import World
@@ -229,9 +229,10 @@ class Heard:
     def __init__(self, world: World, owner: CoreOwner) -> None:
         self.world, self.owner = world, owner
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey,
+                     how: StartKind = StartKind.SPAWN) -> None:
         self.world.on_ready(worker, start, str(version))
-        self.owner.worker_ready(worker, start, version)
+        self.owner.worker_ready(worker, start, version, how)
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
         self.world.flights.pop(worker, None)

@@ -120,7 +120,17 @@ INVALID = [
     ("", "load_s = inf", "models.m.versions.v1.load_s: inf is not a number"),
     ("", "load_s = true", "models.m.versions.v1.load_s: True is not a number"),
     ("", "retired = 'yes'", "models.m.versions.v1.retired: 'yes' is not true or false"),
+    ("", "start = 'warm'", "models.m.versions.v1.start: 'warm' is not one of fork, preload, "
+                           "spawn"),
 ]
+
+
+def test_a_version_says_how_its_workers_start() -> None:
+    starts = {start: parse_catalogue(MODEL.format(model="", v1=f"start = '{start}'"))
+              .models["m"].versions["v1"].start for start in ("fork", "preload", "spawn")}
+    assert starts == {"fork": "fork", "preload": "preload", "spawn": "spawn"}
+    assert parse_catalogue(MODEL.format(model="", v1="")).models["m"].versions["v1"].start == \
+        "fork"
 
 
 @pytest.mark.parametrize(("model", "v1", "message"), INVALID)
@@ -209,7 +219,8 @@ def test_a_catalogue_survives_pickling() -> None:
 def test_to_dict_is_json_and_builds_the_same_catalogue() -> None:
     view = json.loads(json.dumps(catalogue().to_dict()))
     assert view["models"]["topics"]["versions"]["v2"] == {
-        "spec": "mypkg.topics_v2:batchstring", "load_s": 40.0, "retired": False}
+        "spec": "mypkg.topics_v2:batchstring", "load_s": 40.0, "retired": False,
+        "start": "fork"}
     assert Catalogue.from_dict(view) == catalogue()
 
 

@@ -9,8 +9,10 @@ import math
 import pytest
 
 from batcher.shared import Backoff
-from failover.fleet import LATE_SHARE, Kind, Ledger
-from gpu_pool import Origin, StartId, WorkerId
+from failover.fleet import LATE_SHARE, Kind, Ledger, Residency
+from gpu_pool import Origin, StartId, StartKind, WorkerId
+
+SPAWN, FORK, WAKE = StartKind.SPAWN, StartKind.FORK, StartKind.WAKE
 
 
 def test_a_start_the_core_asks_for_has_a_new_identity_and_its_eta() -> None:
@@ -72,13 +74,46 @@ def test_a_switch_keeps_its_worker_and_goes_when_that_worker_dies_first() -> Non
 def test_the_loads_that_end_are_measured_but_a_restart_holds_its_backoff() -> None:
     ledger = Ledger()
     ledger.up(ledger.first(0, "m@v1", 0.0, 30.0), 10.0)
-    assert ledger.measured == {"m@v1": 10.0}
+    assert ledger.measured == {("m@v1", SPAWN): 10.0}
     ledger.up(ledger.ask(Kind.SWITCH, "m@v1", 20.0, 10.0, WorkerId(1), "x@v1"), 40.0)
-    assert ledger.measured["m@v1"] == pytest.approx(0.7 * 10.0 + 0.3 * 20.0)
+    assert ledger.measured[("m@v1", SPAWN)] == pytest.approx(0.7 * 10.0 + 0.3 * 20.0)
     restart = StartId(Origin.RESTART, 2)
     ledger.died(restart, "m@v1", 50.0, 10.0)
     ledger.up(restart, 100.0)
-    assert ledger.measured["m@v1"] == pytest.approx(13.0)
+    assert ledger.measured[("m@v1", SPAWN)] == pytest.approx(13.0)
+
+
+def test_each_kind_of_start_is_measured_apart_and_expected_at_its_own_time() -> None:
+    ledger = Ledger()
+    ledger.up(ledger.first(0, "m@v1", 0.0, 30.0), 8.0, SPAWN)  # the very first start too
+    ledger.up(ledger.ask(Kind.ADD, "m@v1", 10.0, 8.0), 10.5, FORK)
+    ledger.up(ledger.ask(Kind.SWITCH, "m@v1", 20.0, 8.0, WorkerId(1), "x@v1"), 20.01, WAKE)
+    assert ledger.time_of("m@v1", SPAWN) == 8.0
+    assert ledger.time_of("m@v1", FORK) == 0.5
+    assert ledger.time_of("m@v1", WAKE) == pytest.approx(0.01)
+    # Another version never forked nor woken: a wake of any version is the guess, no longer
+    # than its own spawn; a fork takes its spawn's (what it loads after the fork is its
+    # own); a spawn never measured has no guess.
+    ledger.up(ledger.first(1, "n@v1", 0.0, 30.0), 0.2, SPAWN)
+    assert ledger.time_of("n@v1", FORK) == 0.2 and ledger.time_of("n@v1", WAKE) == \
+        pytest.approx(0.01)
+    assert ledger.time_of("o@v1", SPAWN) is None and ledger.time_of("o@v1", WAKE) == \
+        pytest.approx(0.01)
+    # An attached worker was loaded by an earlier core: nothing of it is measured.
+    ledger.up(ledger.ask(Kind.ADD, "o@v1", 30.0, 8.0), 30.0, StartKind.ATTACH)
+    assert ledger.time_of("o@v1", SPAWN) is None
+
+
+def test_residency_expects_the_kind_of_start_the_pool_would_make() -> None:
+    kinds = {"m@v1": WAKE}
+    residency = Residency(Ledger(), lambda version: 12.0, lambda version: kinds[version])
+    assert residency.load_s("m@v1") == 12.0  # nothing measured: the catalogue's hint
+    residency.ledger.up(residency.ledger.first(0, "m@v1", 0.0, 12.0), 6.0, SPAWN)
+    assert residency.load_s("m@v1") == 6.0  # a wake never seen: no longer than a spawn
+    residency.ledger.up(residency.ledger.ask(Kind.ADD, "m@v1", 10.0, 6.0), 10.05, WAKE)
+    assert residency.load_s("m@v1") == pytest.approx(0.05)
+    kinds["m@v1"] = SPAWN  # its parked worker given up: a spawn again
+    assert residency.load_s("m@v1") == 6.0
 
 
 def test_admission_sees_each_version_s_etas_a_late_one_a_share_from_now_an_overdue_none() -> None:

@@ -12,7 +12,7 @@ import pytest
 from batcher.shared import Backoff
 from failover.sim import ContractPool, Death, run_virtual
 from gpu_pool import BatchId as B
-from gpu_pool import Err, Load, Ok, Origin, Run, StartId, WorkerId
+from gpu_pool import Err, Load, Ok, Origin, Run, StartId, StartKind, WorkerId
 
 FAST, SLOW = Load("fast@v1", "sim", 0.1), Load("slow@v1", "sim", 0.3)
 LOAD_S = {"fast@v1": 2.0, "slow@v1": 5.0}
@@ -25,7 +25,8 @@ class Heard:
     def __init__(self) -> None:
         self.events: list[tuple[float, str, WorkerId, object, object]] = []
 
-    def worker_ready(self, worker: WorkerId, start: StartId, version: str) -> None:
+    def worker_ready(self, worker: WorkerId, start: StartId, version: str,
+                     how: StartKind = StartKind.SPAWN) -> None:
         self.events.append((anyio.current_time(), "ready", worker, start, version))
 
     def worker_reply(self, worker: WorkerId, reply: Ok | Err) -> None:
