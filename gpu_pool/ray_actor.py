@@ -21,6 +21,9 @@ pool watches a process sentinel; its answer says another core took the actor ove
 A detached actor (a cell's) outlives every process of its cell, so it holds a lease, which
 its owner renews (`renew`): one left unrenewed for the lease's length (its cell is gone, and
 no core came back for it) kills itself, and its GPU is free again.
+
+Its owner may `park` it, idle (weights to host memory, the process kept), and `wake` it
+(weights back on its device), as the process worker parks (`gpu_pool.protocol.Park`).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from typing import Any
 import ray
 
 from gpu_pool.memory import resident_bytes
-from gpu_pool.models import BatchModel
-from gpu_pool.protocol import Err, Ok, Ready, Run
+from gpu_pool.models import HOST, BatchModel, move
+from gpu_pool.protocol import Err, Ok, Ready, Run, Wake
 from gpu_pool.worker import WorkerConfig, load_worker, run_batch
+from gpu_pool.worker import wake as wake_model
 
 # One thread waits in the owner's sentinel, one runs batches; the others take a new owner's
 # claim and sentinel while an old owner's sentinel and batch still hold theirs.
@@ -147,6 +151,29 @@ class BatchActor:
                 raise RuntimeError("run before load")  # the pool never does this
             reply = run_batch(self._model, msg, self._config.latency_floor)
             return reply, resident_bytes(os.getpid())
+
+    def park(self, owner: Owner) -> bool:
+        """Move the weights to host memory, freeing the device's memory (Ray keeps the
+        device reserved for the actor); whether it held weights to move. Only its owner
+        may: any other is `Refused`."""
+        self._owns(owner)
+        with self._running:  # idle as the owner parks it; never under a batch anyway
+            return self._model is not None and move(self._model, HOST)
+
+    def wake(self, owner: Owner, threads: int) -> Claim:
+        """Take the device again (weights back on it, `threads` torch threads): loaded and
+        idle, answered as `claim` answers. Only its owner may."""
+        self._owns(owner)
+        with self._running:
+            if self._model is None or self._ready is None:
+                raise RuntimeError("wake before load")  # the pool never does this
+            ready = wake_model(self._model, Wake(threads), self._ready)
+        return Claim(ready, reused=False, config=self._config)
+
+    def _owns(self, owner: Owner) -> None:
+        with self._owned:
+            if owner != self._owner:
+                raise Refused(f"owned by incarnation {self._owner.incarnation}, another pool")
 
     def sentinel(self, owner: Owner) -> None:
         """Answers only once `owner` no longer owns the actor (at once if it does not)."""

@@ -23,6 +23,14 @@ A switch to another model version (`switch`, the core's decision) kills the idle
 and its slot starts an actor loading the other version, under a new worker id, once Ray has
 declared the old one dead (its sentinel call fails: its process and GPU memory are gone).
 
+With `--parked-max` (not in a cell), an actor let go by a switch or a retire parks instead,
+as a process worker does (`gpu_pool.pool`): its weights go to host memory, the actor stays,
+and a later start of its version wakes it (`StartKind.WAKE`); the oldest is killed past the
+bound; one that dies is dropped, no death. But Ray lends a GPU to a live actor only: a parked
+actor keeps its GPU reserved, idle, its memory of use to nobody but itself woken. So keep
+`--parked-max` within the cluster's spare GPUs; a start that would find no room
+(`capacity`) has the oldest parked actors killed first. `--parked-ram-mb` is not applied.
+
 The core scales the pool (`gpu_pool.slot_pool`): an added actor waits, pending, for room
 (with Ray's autoscaler, a pending actor is what brings a node); a retired one is killed,
 its slot removed once Ray says it is dead; a start taken back is killed, its slot removed.
@@ -49,6 +57,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +70,7 @@ from ray.exceptions import RayError
 from batcher import VersionKey
 from gpu_pool.load import Load
 from gpu_pool.memory import MIB
-from gpu_pool.protocol import Run, StartId, WorkerId
+from gpu_pool.protocol import Run, StartId, StartKind, WorkerId
 from gpu_pool.ray_actor import (
     Claim,
     Owner,
@@ -88,15 +97,40 @@ STOP_GRACE_S = 10.0  # the longest a switch waits for Ray to declare the old act
 _PLACED = frozenset({SlotState.STARTING, SlotState.READY, SlotState.BUSY})  # holding room
 
 
+@dataclass(slots=True, eq=False)
+class _Call:
+    """One pending call of a slot's incarnation, told apart by identity: a woken actor's
+    sentinel is the same reference as when it was first claimed, under another worker."""
+
+    ref: ray.ObjectRef[Any]
+
+
+@dataclass(slots=True, eq=False)
+class _Parked:
+    """An actor let go that keeps its process, its weights in host memory, until a start
+    of its version wakes it, or it is given up (the oldest first)."""
+
+    load: Load
+    config: WorkerConfig  # what it holds: a start of the same wakes it
+    actor: Any
+    node: str
+    pid: int | None
+    sentinel: ray.ObjectRef[Any]  # its owner's call, pending while it lives: a woken one's
+    since: float  # when it was parked, on the monotonic clock
+    settled: anyio.Event = field(default_factory=anyio.Event)  # its park answered, or it died
+    gone: bool = False  # dead, or its park failed: not to be woken
+
+
 @dataclass(slots=True)
 class _Slot(Slot):
     node: str = "-"  # none yet: Ray has not placed it
     actor: Any = None  # the incarnation's ActorHandle
-    calls: list[ray.ObjectRef[Any]] = field(default_factory=list)  # kept alive until answered
+    calls: list[_Call] = field(default_factory=list)  # kept alive until answered
     sentinel: ray.ObjectRef[Any] | None = None  # the incarnation's, once claimed
     retired: ray.ObjectRef[Any] | None = None  # a switched actor's sentinel: fails once dead
     actors: int = 0  # the newest generation named for this slot, by this pool or earlier
     found: Any = None  # an earlier core's live actor, claimed at this slot's first start
+    loaded: Load | None = None  # what its incarnation holds (a switch changes `load` first)
 
 
 class RayPool(SlotPool[_Slot]):
@@ -122,6 +156,8 @@ class RayPool(SlotPool[_Slot]):
         self._suspects: set[str] = set()  # `_died`'s nodes: the dead are told once checked
         self._deaths = anyio.Event()  # set when `_died` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
+        self._parked: list[_Parked] = []  # oldest first
+        self._parking = anyio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -152,7 +188,7 @@ class RayPool(SlotPool[_Slot]):
                 changed = self._slots.changed()  # before asking Ray: a change meanwhile counts
                 if self.ready_count() > 0:
                     fit = await anyio.to_thread.run_sync(capacity, self._settings.resources)
-                    room = self._placed() < fit
+                    room = self._placed() + len(self._parked) < fit
                     if self._slots.settled(count, stuck=() if room else (SlotState.PENDING,)):
                         break
                 with anyio.move_on_after(ROOM_RECHECK_S):  # Ray's room changes unannounced
@@ -164,6 +200,10 @@ class RayPool(SlotPool[_Slot]):
         local Ray if this pool started it."""
         self._slots.stop()
         actors = [a for s in self._slots for a in (s.actor, s.found) if a is not None]
+        actors += [p.actor for p in self._parked]
+        if self._parked:
+            self._parked.clear()
+            self._parked_changed()
         for slot in self._slots:
             self._slots.forget(slot.worker)
             slot.state, slot.actor, slot.found = SlotState.STOPPED, None, None
@@ -254,7 +294,8 @@ class RayPool(SlotPool[_Slot]):
         await self._reap(slot)
         if self._slots.stopping:
             return
-        if slot.leaving:  # retired (Ray says its actor is dead) or taken back
+        if slot.leaving:  # retired (Ray says its actor is dead, or it parked) or taken back
+            self._bound_parked()
             self._slots.remove(slot)
             return
         pool = self._settings.pool
@@ -263,23 +304,39 @@ class RayPool(SlotPool[_Slot]):
         worker = slot.worker if replacing else self._slots.begin(slot)
         assert slot.load is not None  # every slot of this pool is given one
         config = self._config(slot.load)
+        slot.loaded = slot.load
         actor, slot.found = slot.found, None  # an earlier core's: claimed once, at most
-        if actor is None:
+        parked = self._take_parked(config) if actor is None else None
+        self._bound_parked()  # after the take: a switch back never gives up its own
+        if parked is not None:
+            slot.actor = parked.actor  # killed should the pool stop or take the start back
+            parked = await self._settled(parked)
+            if slot.worker != worker or slot.state is not SlotState.PENDING:
+                return
+        if parked is None and actor is None:
+            await self._make_room(slot)  # parked actors hold room a new one may need
+            if slot.worker != worker or slot.state is not SlotState.PENDING:
+                return
             slot.actors += 1
             actor = spawn_actor(config, self._owner, actor_name(slot.index, slot.actors),
                                 self._namespace, lease=self._lease,
                                 **self._settings.actor_options())
-        slot.actor, slot.node = actor, "-"
+        if parked is not None:
+            actor, slot.node, slot.pid = parked.actor, parked.node, parked.pid
+        slot.actor, slot.how = actor, StartKind.WAKE if parked else StartKind.SPAWN
         slot.calls.clear()
         try:
-            slot.node, slot.pid = await actor.where.remote()  # waits for room
+            if parked is None:
+                slot.node = "-"
+                slot.node, slot.pid = await actor.where.remote()  # waits for room
             if slot.worker != worker or slot.state is not SlotState.PENDING:
                 return
             slot.state = SlotState.STARTING
             self._slots.signal_change()
             with anyio.fail_after(pool.ready_timeout):  # loading, or an old batch ending
-                claim = await actor.claim.remote(self._owner, config,
-                                                 frozenset(self._claimable))
+                claim = await (
+                    actor.wake.remote(self._owner, self._settings.threads) if parked else
+                    actor.claim.remote(self._owner, config, frozenset(self._claimable)))
         except TimeoutError:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       pool.ready_timeout)
@@ -298,8 +355,11 @@ class RayPool(SlotPool[_Slot]):
                 log.error("worker %s failed to start: %s", worker, str(exc).splitlines()[0])
             self._lost(slot, worker)
             return
+        if claim.reused:
+            slot.how = StartKind.ATTACH  # loaded by an earlier core: no start to measure
         # Only once claimed: an earlier owner's sentinel might otherwise answer this one's.
-        slot.sentinel = actor.sentinel.remote(self._owner)
+        # A woken actor's is the one pending since its first claim (each holds a thread).
+        slot.sentinel = parked.sentinel if parked else actor.sentinel.remote(self._owner)
         self._call(slot, worker, slot.sentinel, self._on_sentinel)
         self._up(slot, worker, claim)
 
@@ -313,14 +373,16 @@ class RayPool(SlotPool[_Slot]):
         held = claim.config
         if slot.load is None or held != self._config(slot.load):  # an earlier core's switch
             self._slots.holds(slot, Load(held.version, held.model, held.latency_floor))
+            slot.loaded = slot.load
         ready = claim.ready
         started = self._slots.mark_ready(slot, ready.device)
         self.attached += claim.reused
         log.info("worker %s %s (slot %d, node %s, pid %d, %s)", worker,
-                 "attached, loaded by an earlier core" if claim.reused else "ready",
+                 "attached, loaded by an earlier core" if claim.reused else
+                 "woken" if slot.how is StartKind.WAKE else "ready",
                  slot.index, slot.node, ready.pid, ready.device)
         if started is not None:
-            self._events.worker_ready(worker, started, slot.version)
+            self._events.worker_ready(worker, started, slot.version, slot.how)
         elif slot.held is not None:  # the core's batch, sent meanwhile
             run, slot.held = slot.held, None
             self._run(slot, worker, run)
@@ -332,23 +394,23 @@ class RayPool(SlotPool[_Slot]):
         """Run `then` on the event loop once `ref` is answered (or failed)."""
         loop = self._loop
         assert loop is not None
-        slot.calls.append(ref)
+        call = _Call(ref)
+        slot.calls.append(call)
 
         def done(future: concurrent.futures.Future[Any]) -> None:  # in a Ray thread
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(self._answered, slot, worker, ref, future, then)
+                loop.call_soon_threadsafe(self._answered, slot, worker, call, future, then)
 
         ref.future().add_done_callback(done)
 
     def _answered(
-        self, slot: _Slot, worker: WorkerId, ref: ray.ObjectRef[Any],
+        self, slot: _Slot, worker: WorkerId, call: _Call,
         future: concurrent.futures.Future[Any],
         then: Callable[[_Slot, WorkerId, concurrent.futures.Future[Any]], None],
     ) -> None:
-        try:
-            slot.calls.remove(ref)
-        except ValueError:
+        if not any(c is call for c in slot.calls):
             return  # an earlier incarnation's, or a replaced actor's: fenced off here
+        slot.calls = [c for c in slot.calls if c is not call]
         if slot.worker == worker:
             then(slot, worker, future)
 
@@ -384,9 +446,13 @@ class RayPool(SlotPool[_Slot]):
         slot.actor = None
         self._slots.replace(slot)
 
-    def _let_go(self, slot: _Slot) -> None:
-        """Kill the slot's actor, hearing nothing more from it (no death to report); the
-        slot's next start waits until Ray says it is dead (`_reap`)."""
+    def _let_go(self, slot: _Slot, park: bool = True) -> None:
+        """Kill the slot's actor (or park it, when `park` and parking is on), hearing
+        nothing more from it (no death to report); the slot's next start waits until Ray
+        says a killed one is dead (`_reap`), not for one parked."""
+        if park and self._parks(slot):
+            self._park(slot)
+            return
         slot.retired, slot.sentinel = slot.sentinel, None
         slot.calls.clear()
         with contextlib.suppress(RayError, ValueError):
@@ -421,7 +487,7 @@ class RayPool(SlotPool[_Slot]):
         (`_report_deaths`). Not one the core switched away: its slot starts the new one."""
         if slot.switched_out == worker:
             if kill:
-                self._let_go(slot)
+                self._let_go(slot, park=False)  # it failed: nothing to keep
             else:  # another core's now: nothing to kill, nothing to wait for
                 slot.actor, slot.sentinel = None, None
                 slot.calls.clear()
@@ -442,6 +508,150 @@ class RayPool(SlotPool[_Slot]):
         if slot.node != "-":
             self._suspects.add(slot.node)
         self._deaths.set()
+
+    # -- parking -------------------------------------------------------------------------------
+    def parked(self) -> list[tuple[Load, int, int | None]]:
+        """What is parked, oldest first: its load, its pid and the bytes it holds (None:
+        not measured, its node may be another)."""
+        return [(p.load, p.pid or 0, None) for p in self._parked]
+
+    def parking(self) -> anyio.Event:
+        """Set when what is parked next changes (parks, settles, wakes, goes)."""
+        return self._parking
+
+    def _parked_changed(self) -> None:
+        self._parking.set()
+        self._parking = anyio.Event()
+
+    def start_kind(self, load: Load) -> StartKind:
+        """How a start of `load` would come up now: woken when an actor holding it is
+        parked, else spawned."""
+        config = self._config(load)
+        if any(p.config == config and not p.gone for p in self._parked):
+            return StartKind.WAKE
+        return StartKind.SPAWN
+
+    def _parks(self, slot: _Slot) -> bool:
+        """Whether the slot's idle actor, let go, parks rather than dies: parking is on, it
+        is no cell's (a later core could not tell a parked one from one that serves), and
+        it was claimed (its sentinel pending)."""
+        return self._settings.pool.parked_max > 0 and self._settings.cell is None and \
+            not self._slots.stopping and slot.actor is not None and \
+            slot.sentinel is not None and slot.loaded is not None
+
+    def _park(self, slot: _Slot) -> None:
+        """Tell the slot's idle actor to park and keep it; the slot's next start does not
+        wait for it (its room is its own)."""
+        assert slot.sentinel is not None and slot.loaded is not None
+        parked = _Parked(slot.loaded, self._config(slot.loaded), slot.actor, slot.node,
+                         slot.pid, slot.sentinel, time.monotonic())
+        slot.calls.clear()  # its sentinel answers the parked entry now, no death of a worker's
+        slot.actor, slot.sentinel = None, None
+        self._parked.append(parked)
+        self._watch(parked, parked.sentinel, self._parked_gone)
+        try:
+            ref = parked.actor.park.remote(self._owner)
+        except RayError:  # this process lost Ray itself
+            self._parked_gone(parked, None)
+            return
+        self._watch(parked, ref, self._parked_says)
+        log.info("worker %s (slot %d, node %s, pid %s) parks holding %s", slot.worker,
+                 slot.index, parked.node, parked.pid, parked.load.version)
+        self._parked_changed()
+        self._bound_parked()
+
+    def _watch(
+        self, parked: _Parked, ref: ray.ObjectRef[Any],
+        then: Callable[[_Parked, concurrent.futures.Future[Any] | None], None],
+    ) -> None:
+        """Run `then` on the event loop once `ref`, a parked actor's call, is answered."""
+        loop = self._loop
+        assert loop is not None
+
+        def done(future: concurrent.futures.Future[Any]) -> None:  # in a Ray thread
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(then, parked, future)
+
+        ref.future().add_done_callback(done)
+
+    def _parked_says(
+        self, parked: _Parked, future: concurrent.futures.Future[Any] | None,
+    ) -> None:
+        if future is None or future.exception() is not None:  # died, or refused to park
+            self._parked_gone(parked, future)
+        elif not parked.settled.is_set():
+            parked.settled.set()
+            self._parked_changed()
+
+    def _parked_gone(
+        self, parked: _Parked, future: concurrent.futures.Future[Any] | None,
+    ) -> None:
+        """A parked actor died (its sentinel call ended) or failed to park: nothing to
+        report, it held no work; it is not woken. Nothing for one woken or given up."""
+        parked.gone = True
+        parked.settled.set()
+        if parked in self._parked:
+            self._parked.remove(parked)
+            log.warning("parked actor (node %s, pid %s, %s) is gone", parked.node,
+                        parked.pid, parked.load.version)
+            kill_actors([parked.actor])  # one that failed to park holds its room still
+            self._parked_changed()
+
+    def _take_parked(self, config: WorkerConfig) -> _Parked | None:
+        """The oldest actor parked holding `config`, out of the parked list; None if none."""
+        parked = next((p for p in self._parked if p.config == config and not p.gone), None)
+        if parked is not None:
+            self._parked.remove(parked)
+            self._parked_changed()
+        return parked
+
+    async def _settled(self, parked: _Parked) -> _Parked | None:
+        """`parked` once its park answered (a wake must not run before it: an actor's
+        calls run in threads, in no set order); None, and it is killed, if it died, failed
+        or took longer than `STOP_GRACE_S`."""
+        with anyio.move_on_after(STOP_GRACE_S):
+            await parked.settled.wait()
+        if parked.settled.is_set() and not parked.gone:
+            return parked
+        log.warning("parked actor (node %s, pid %s) could not be woken; starting another",
+                    parked.node, parked.pid)
+        kill_actors([parked.actor])
+        return None
+
+    def _bound_parked(self) -> None:
+        """Kill the oldest parked actors past `--parked-max`, sparing what a slot about to
+        start may wake (one let go for another version, its start not yet under way)."""
+        wanted = {self._config(s.load) for s in self._slots if s.load is not None and
+                  s.actor is None and s.state is SlotState.PENDING and not s.leaving}
+        spared = [p for p in self._parked if p.config in wanted]
+        while len(self._parked) - len(spared) > self._settings.pool.parked_max:
+            oldest = next(p for p in self._parked if p not in spared)
+            self._give_up(oldest, f"{len(self._parked)} parked")
+
+    async def _make_room(self, slot: _Slot) -> None:
+        """Kill the oldest parked actors while the cluster's nodes have no room for one
+        more actor beside them and the pool's others: a parked actor holds its room."""
+        if not self._parked:
+            return
+        fit: int | None = None
+        with anyio.move_on_after(NODE_CHECK_S), contextlib.suppress(RayError):
+            fit = await anyio.to_thread.run_sync(capacity, self._settings.resources,
+                                                 abandon_on_cancel=True)
+        if fit is None:
+            return
+        held = sum(s is not slot and s.actor is not None and
+                   (s.state in _PLACED or s.state is SlotState.PENDING) for s in self._slots)
+        while self._parked and held + len(self._parked) >= fit:
+            self._give_up(self._parked[0], f"the cluster has room for {fit} workers")
+
+    def _give_up(self, parked: _Parked, why: str) -> None:
+        """Kill a parked actor; its death (its sentinel failing) is only noted."""
+        if parked in self._parked:
+            self._parked.remove(parked)
+            self._parked_changed()
+        log.info("parked actor (node %s, pid %s, %s) given up: %s", parked.node, parked.pid,
+                 parked.load.version, why)
+        kill_actors([parked.actor])
 
     # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
     def _new_slot(self, index: int, load: Load) -> _Slot:
