@@ -148,7 +148,10 @@ class WorkerPool(SlotPool[_Slot]):
             async with anyio.create_task_group() as tasks:
                 if self._launcher is not None:
                     tasks.start_soon(self._launcher.run)
-                await self._slots.keep_started(self._start, task_status=task_status)
+                try:
+                    await self._slots.keep_started(self._start, task_status=task_status)
+                finally:  # no restart asked of it once gone, while the launcher's task ends
+                    self._slots.stop()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.stop()

@@ -150,10 +150,16 @@ def test_start_kinds_run_batchgate_beside_todays_single_kind_against_the_oracle(
     by: dict[str, Result], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # The command, on the one-minute day: its 5 s start-up stands for a 20 s spawn (x 4).
+    today, fork, wake, oracle = run_kinds(DAY, HostStarts(spawn_s=20.0, fork_s=1.0))
+    # The command, on the one-minute day: its 5 s start-up stands for a 20 s spawn (x 4);
+    # the runs are the ones above (each simulated once: the suite's time).
     monkeypatch.setattr(report, "Trace", lambda seed, start_s: dataclasses.replace(
         DAY, seed=seed, start_s=start_s))
+    asked: list[HostStarts] = []
+    monkeypatch.setattr(report, "run_kinds", lambda trace, host, *_: (
+        asked.append(host) or (today, fork, wake, oracle)))
     assert report.main(["--kinds", "--spawn-s", "20", "--wake-s", "2", "--markdown"]) == 0
+    assert [(h.spawn_s, h.wake_s) for h in asked] == [(20.0, 2.0)]
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")]
     assert rows[0][0] == "| policy" and rows[0][-1] == "spawn/fork/wake |"
@@ -162,7 +168,6 @@ def test_start_kinds_run_batchgate_beside_todays_single_kind_against_the_oracle(
     assert "spawn 20 s -> 5 s; fork 0.92 s" in out and "wake 2 s (weights host-to-GPU) " \
         "-> 0.50 s; parked at most 2" in out
 
-    today, fork, wake, oracle = run_kinds(DAY, HostStarts(spawn_s=20.0, fork_s=1.0))
     for r in (today, fork, wake):
         assert r.tier(Tier.PAID).over(BUDGET[Tier.PAID]) == 0
     pool = today.outcome.pool  # every start a spawn, as `run` gives it
