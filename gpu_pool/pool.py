@@ -126,7 +126,6 @@ class WorkerPool(SlotPool[_Slot]):
                                 if x.preload or (not x.spawn and parse_spec(x.spec)[0]))),
             settings.backoff, settings.ready_timeout)
         self._parked: list[_Parked] = []  # oldest first
-        self._parking = anyio.Event()
         loads = settings.slot_loads()
         gpus = settings.gpus
         super().__init__(Slots(
@@ -235,14 +234,6 @@ class WorkerPool(SlotPool[_Slot]):
     def parked(self) -> list[tuple[Load, int, int | None]]:
         """What is parked, oldest first: its load, its pid and the bytes it holds."""
         return [(p.load, p.process.pid or 0, p.rss) for p in self._parked]
-
-    def parking(self) -> anyio.Event:
-        """Set when what is parked next changes (parks, settles, wakes, goes)."""
-        return self._parking
-
-    def _parked_changed(self) -> None:
-        self._parking.set()
-        self._parking = anyio.Event()
 
     def start_kind(self, load: Load) -> StartKind:
         """How a start of `load` would come up now: woken when a worker holding it is

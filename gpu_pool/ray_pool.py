@@ -157,7 +157,6 @@ class RayPool(SlotPool[_Slot]):
         self._deaths = anyio.Event()  # set when `_died` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
         self._parked: list[_Parked] = []  # oldest first
-        self._parking = anyio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -514,14 +513,6 @@ class RayPool(SlotPool[_Slot]):
         """What is parked, oldest first: its load, its pid and the bytes it holds (None:
         not measured, its node may be another)."""
         return [(p.load, p.pid or 0, None) for p in self._parked]
-
-    def parking(self) -> anyio.Event:
-        """Set when what is parked next changes (parks, settles, wakes, goes)."""
-        return self._parking
-
-    def _parked_changed(self) -> None:
-        self._parking.set()
-        self._parking = anyio.Event()
 
     def start_kind(self, load: Load) -> StartKind:
         """How a start of `load` would come up now: woken when an actor holding it is

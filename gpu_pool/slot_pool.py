@@ -15,6 +15,8 @@ import logging
 from collections.abc import Collection
 from typing import Generic, TypeVar
 
+import anyio
+
 from gpu_pool.load import Load
 from gpu_pool.protocol import StartId, StartKind, WorkerId
 from gpu_pool.seam import WorkerInfo
@@ -31,6 +33,7 @@ class SlotPool(Generic[S]):
 
     def __init__(self, slots: Slots[S]) -> None:
         self._slots = slots
+        self._parking = anyio.Event()
 
     def switch(self, worker: WorkerId, load: Load, start: StartId) -> None:
         """Retire idle `worker` for `load` (`gpu_pool.seam.Pool.switch`): the pool lets its
@@ -113,6 +116,14 @@ class SlotPool(Generic[S]):
         return logging.getLogger(self.LOGGER)
 
     # -- what the pool reports ---------------------------------------------------------------
+    def parking(self) -> anyio.Event:
+        """Set when what is parked next changes (parks, settles, wakes, goes)."""
+        return self._parking
+
+    def _parked_changed(self) -> None:
+        self._parking.set()
+        self._parking = anyio.Event()
+
     def start_kind(self, load: Load) -> StartKind:
         """How a start of `load` would come up now (`gpu_pool.seam.Pool.start_kind`)."""
         return StartKind.SPAWN
