@@ -81,8 +81,10 @@ class Refused:
 def launcher_main(control: socket.socket, specs: tuple[str, ...]) -> None:
     """Entry point of the launcher process: preload `specs`, say `Up`, then fork a worker
     for each `Fork` until the pool closes `control`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the pool owns shutdown, as its workers'
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C to the process group is the pool's to handle, as its workers'. SIGTERM ends it:
+    # it holds no work, and multiprocessing's exit ends a daemonic child with it (ignored,
+    # a server interrupted before its pool stopped would wait on it for ever).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(os.getppid())
     name_process("bg-launcher")
     signal.signal(signal.SIGCHLD, lambda *_: _reap())  # a worker's exit, collected at once
