@@ -34,6 +34,15 @@ deployment script can run it as a gate (P95 as locust rounds it, over the whole 
 `--csv PREFIX` for the stats as CSV. Requests still in flight when the shape ends are dropped
 by locust and counted nowhere; the gateway records them as 499 client_closed.
 
+Streams: `StreamingUser` sends `--stream-inputs` inputs (default 8; env
+BATCHGATE_STREAM_INPUTS) per request as a stream (`--stream-format sse|ndjson`, env
+BATCHGATE_STREAM_FORMAT) and checks every event: each input answered once with its output,
+no input's error, then the done event, last, with the stream's counts. It reads the stream
+as the Python client does, so it needs batchgate-client (`pip install ./api/client`). It
+runs only when named (`locust -f loadtest/locustfile.py StreamingUser ...`, or picked with
+--class-picker): a run that names no user class runs BatchstringUser alone, as before. The
+shapes' rates are then streamed requests per second, each of --stream-inputs inputs.
+
 Run headless against a gateway on port 8000 (start one with, e.g.,
 `batchgate serve --model sim --workers 2 --port 8000 --keys examples/keys.toml`):
 
@@ -85,6 +94,7 @@ PATH = "/v1/batchstring"
 logger = logging.getLogger("batchgate.locust")
 
 Phase = tuple[float, float]  # (seconds, requests/s before --scale)
+MEDIA = {"sse": "text/event-stream", "ndjson": "application/x-ndjson"}
 
 
 @events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
@@ -111,6 +121,11 @@ def _arguments(parser: Any) -> None:
     group.add_argument("--min-rate-ratio", type=float, default=0.8,
                        help="fail if fewer than this share of the requests the shape asked "
                             "for were made (default 0.8; 0: no check)")
+    group.add_argument("--stream-inputs", type=int, default=8, env_var="BATCHGATE_STREAM_INPUTS",
+                       help="StreamingUser: inputs per streamed request (default 8)")
+    group.add_argument("--stream-format", choices=sorted(MEDIA), default="sse",
+                       env_var="BATCHGATE_STREAM_FORMAT",
+                       help="StreamingUser: the stream's framing (default sse)")
 
 
 def _options(environment: Environment) -> Any:
@@ -120,9 +135,11 @@ def _options(environment: Environment) -> Any:
     return opts
 
 
-class BatchstringUser(FastHttpUser):
-    """One closed-loop client: a unique input per request, its answer checked."""
+class PacedUser(FastHttpUser):
+    """A closed-loop client at --user-rps, its keys and its unique prefix: what both users
+    share (abstract: never run itself)."""
 
+    abstract = True
     network_timeout = 15.0  # above the paid tier's 5 s deadline: the server answers first
     connection_timeout = 5.0
     concurrency = 1  # one request at a time per user: one connection is enough
@@ -153,10 +170,19 @@ class BatchstringUser(FastHttpUser):
     def wait_time(self) -> float:
         return self._pace(self)
 
+    def _tier(self) -> str:
+        return "paid" if random.random() < self._paid_fraction else "free"
+
+    def _text(self) -> str:
+        return f"{self._prefix}-{next(self._sent)}-é✓"  # non-ASCII: UTF-8 both ways
+
+
+class BatchstringUser(PacedUser):
+    """One closed-loop client: a unique input per request, its answer checked."""
+
     @task
     def batchstring(self) -> None:
-        tier = "paid" if random.random() < self._paid_fraction else "free"
-        text = f"{self._prefix}-{next(self._sent)}-é✓"  # non-ASCII: UTF-8 both ways
+        tier, text = self._tier(), self._text()
         headers = {"Content-Type": "application/json", **self._auth[tier]}
         with self.client.post(PATH, data=orjson.dumps({"input": text}),  # type: ignore[arg-type]
                               headers=headers,
@@ -168,6 +194,48 @@ class BatchstringUser(FastHttpUser):
                 response.failure(problem)
 
 
+class StreamingUser(PacedUser):
+    """One closed-loop client of streams: --stream-inputs unique inputs per request, every
+    event of its answer checked (`check_stream`). Runs only when named."""
+
+    network_timeout = 60.0  # the whole stream is read before the check
+
+    def on_start(self) -> None:
+        super().on_start()
+        opts = _options(self.environment)
+        if opts.stream_inputs < 1:
+            raise ValueError("--stream-inputs must be at least 1")
+        self._inputs: int = opts.stream_inputs
+        self._format: str = opts.stream_format
+
+    @task
+    def stream(self) -> None:
+        tier, texts = self._tier(), [self._text() for _ in range(self._inputs)]
+        headers = {"Content-Type": "application/json", "Accept": MEDIA[self._format],
+                   **self._auth[tier]}
+        with self.client.post(PATH, data=orjson.dumps({"inputs": texts}),  # type: ignore[arg-type]
+                              headers=headers, name=f"{PATH} [stream {self._format} {tier}]",
+                              catch_response=True) as response:
+            problem = check_stream(response.status_code, response.content, texts,
+                                   self._format)
+            if problem is None:
+                response.success()
+            else:
+                response.failure(problem)
+
+
+@events.init.add_listener  # type: ignore[untyped-decorator]
+def _only_named_streams(environment: Environment, **_kwargs: Any) -> None:
+    """Locust runs every user class of the file that no one names: keep StreamingUser for
+    the runs that name it, so a plain run is what it was. Workers keep it: the master
+    says which users they start."""
+    named = getattr(environment.parsed_options, "user_classes", None) or []
+    if "StreamingUser" not in named and not isinstance(environment.runner, WorkerRunner) \
+            and len(environment.user_classes) > 1:
+        environment.user_classes[:] = [u for u in environment.user_classes
+                                       if u is not StreamingUser]
+
+
 _users = itertools.count()
 
 
@@ -177,14 +245,8 @@ def _auth_header(key: str) -> dict[str, str]:
 
 def check_answer(status: int, body: bytes | None, text: str) -> str | None:
     """None if the answer is right, else the reason (few distinct values: they group)."""
-    if status == 0:
-        return "no answer (connection error or timeout)"
     if status != 200:
-        try:
-            code = orjson.loads(body or b"")["error"]["code"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            code = "?"
-        return f"HTTP {status} {code}"
+        return _not_200(status, body)
     try:
         answer = orjson.loads(body or b"")
     except orjson.JSONDecodeError:
@@ -193,10 +255,74 @@ def check_answer(status: int, body: bytes | None, text: str) -> str | None:
         return "200 without an output"
     if not isinstance(answer.get("id"), str):
         return "200 without an id"
-    if answer["output"] != text[::-1]:
+    if answer["output"] != expected(text):
         logger.error("wrong output for %r: %r", text, answer["output"][:200])
         return "200 with a wrong output (not this input's)"
     return None
+
+
+def expected(text: str) -> str:
+    """The sim model's output for `text`: it reversed."""
+    return text[::-1]
+
+
+def check_stream(status: int, body: bytes | None, texts: Sequence[str], format: str
+                 ) -> str | None:
+    """None if a streamed answer to `texts` is right: a 200 of `format` ("sse" or
+    "ndjson") whose events answer each input once with its output, then the done event,
+    last, counting them; else the reason (few distinct values: they group)."""
+    # The client's own reading of a stream (its framing and its events), not a second
+    # parser; imported here so that a run without streams needs no batchgate-client.
+    from batchgate_client import (
+        Done,
+        Failure,
+        NdjsonDecoder,
+        ProtocolError,
+        SseDecoder,
+        event_from,
+    )
+
+    if status != 200:
+        return _not_200(status, body)
+    decoder = SseDecoder() if format == "sse" else NdjsonDecoder()
+    answered: set[int] = set()
+    try:
+        frames = decoder.feed(body or b"")
+        events = [event_from(frame.data, len(texts)) for frame in frames]
+    except ProtocolError as exc:
+        logger.error("stream breaks the protocol: %s", exc)
+        return "stream: breaks the protocol"
+    if format == "sse" and [f.id for f in frames] != [str(n) for n in range(len(frames))]:
+        return "stream: event ids out of sequence"
+    for event in events[:-1]:
+        if isinstance(event, Done):
+            return "stream: an event after done"
+        if event.index in answered:
+            return "stream: an input answered twice"
+        answered.add(event.index)
+        if isinstance(event, Failure):
+            return f"stream: an input's error {event.error.code}"
+        if event.output != expected(texts[event.index]):
+            logger.error("wrong output for %r: %r", texts[event.index], event.output[:200])
+            return "stream: a wrong output (not this input's)"
+    done = events[-1] if events else None
+    if not isinstance(done, Done):
+        return "stream: no done event"
+    if len(answered) != len(texts):
+        return "stream: an input not answered"
+    if (done.outputs, done.errors) != (len(texts), 0):
+        return "stream: done counts are not the stream's"
+    return None
+
+
+def _not_200(status: int, body: bytes | None) -> str:
+    if status == 0:
+        return "no answer (connection error or timeout)"
+    try:
+        code = orjson.loads(body or b"")["error"]["code"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        code = "?"
+    return f"HTTP {status} {code}"
 
 
 class RateShape(LoadTestShape):

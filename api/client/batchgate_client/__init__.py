@@ -7,6 +7,10 @@ client installs httpx and this package alone, never the server.
         outputs = client.batchstring(texts)  # any number of inputs, outputs in order
         outputs = client.batchstring(texts, model="topics")  # outputs.model: "topics@v2"
         outputs.refused  # {index: Refusal(guard, reason)}: inputs a guard refused (None)
+        with client.stream(texts) as results:  # up to 10,000 inputs, as they complete
+            for result in results:  # Output(index, output) | Failure(index, error)
+                ...
+        results.done  # Done(id, model, outputs, errors)
 
 More than `max_inputs` (100) inputs go as several requests at once, collated in order. Each
 request carries an Idempotency-Key of its own, kept across its retries, so a retry never
@@ -19,8 +23,15 @@ Anything else raises at once, as the exception that mirrors its error code (the 
 `batchgate_client.errors`); an answer that breaks the contract raises `ProtocolError`. Sync
 and async raise the same exceptions, a split call the first of its requests' failures.
 
+A stream is one request whose results come as each input's batch lands, in completion
+order. With an Idempotency-Key (given, or made when the client has an API key) a dropped
+stream resumes from the last event taken (SSE's Last-Event-ID, NDJSON's ?after=) and yields
+nothing twice; without one a drop raises `StreamBroken` after what came.
+
 Rooms: `errors` (the tree), `answers` (what an answer means), `call` (one request and its
-retries, no I/O), `clients` (the I/O, blocking and async). It loads httpx and the standard
+retries, no I/O), `clients` (the I/O, blocking and async); for streams `framing` (SSE and
+NDJSON frames, bytes in), `events` (what an event means), `resume` (a streamed request, its
+count and resumes, no I/O) and `streams` (their I/O). It loads httpx and the standard
 library alone (a test holds it to that).
 """
 
@@ -55,19 +66,26 @@ from batchgate_client.errors import (
     Refused,
     RequestTimeout,
     ServerError,
+    StreamBroken,
     Unauthorized,
     Unavailable,
     UnknownModel,
     Unprocessable,
     UnsupportedMediaType,
 )
+from batchgate_client.events import Done, Failure, Output, Result, event_from
+from batchgate_client.framing import Frame, NdjsonDecoder, SseDecoder
+from batchgate_client.resume import MAX_STREAM_INPUTS, Format
+from batchgate_client.streams import AsyncStream, Stream
 
 __all__ = [
-    "BY_CODE", "BY_STATUS", "MAX_INPUTS", "PATH", "RETRIED", "AsyncClient", "BadRequest",
-    "BatchgateError", "Client", "ConnectionFailed", "DeadlineExceeded", "GuardUnavailable",
-    "HeadersTooLarge", "IdempotencyKeyReused", "ModelError", "ModelLoading", "NoHealthyWorker",
-    "Outputs", "Overloaded", "PayloadTooLarge", "ProtocolError", "RateLimited", "Refusal",
-    "Refused", "RequestTimeout", "RetryPolicy", "ServerError", "Unauthorized", "Unavailable",
-    "UnknownModel", "Unprocessable", "UnsupportedMediaType", "error_from", "outputs_from",
-    "parse_retry_after", "refusals_from",
+    "BY_CODE", "BY_STATUS", "MAX_INPUTS", "MAX_STREAM_INPUTS", "PATH", "RETRIED",
+    "AsyncClient", "AsyncStream", "BadRequest", "BatchgateError", "Client", "ConnectionFailed",
+    "DeadlineExceeded", "Done", "Failure", "Format", "Frame", "GuardUnavailable",
+    "HeadersTooLarge", "IdempotencyKeyReused", "ModelError", "ModelLoading", "NdjsonDecoder",
+    "NoHealthyWorker", "Output", "Outputs", "Overloaded", "PayloadTooLarge", "ProtocolError",
+    "RateLimited", "Refusal", "Refused", "RequestTimeout", "Result", "RetryPolicy",
+    "ServerError", "SseDecoder", "Stream", "StreamBroken", "Unauthorized", "Unavailable",
+    "UnknownModel", "Unprocessable", "UnsupportedMediaType", "error_from", "event_from",
+    "outputs_from", "parse_retry_after", "refusals_from",
 ]

@@ -54,6 +54,8 @@ class RetryPolicy:
 class Call:
     """One request (at most `MAX_INPUTS` inputs) of a client's call, and its retries."""
 
+    renews_key = True  # after a 429: the key names nothing the server ran
+
     def __init__(self, inputs: list[str], model: str | None, deadline: float,
                  policy: RetryPolicy, rng: random.Random, keyed: bool,
                  part: bool = False) -> None:
@@ -101,7 +103,7 @@ class Call:
         wait = self.policy.wait(error, self.attempt, self.rng)
         if wait is None or now + wait >= self.deadline:
             raise error
-        if isinstance(error, RateLimited) and self.key is not None:
+        if isinstance(error, RateLimited) and self.key is not None and self.renews_key:
             # Refused before anything ran, so a new key is safe (older servers stored the
             # 429 under its key and replayed it to every retry).
             self.key = uuid.uuid4().hex

@@ -1,6 +1,7 @@
 """The two clients, blocking and async: each splits a call into requests, runs them at once
 and collates their outputs in order. Either raises the first failure of a call, as itself,
-and the call's other requests start no new attempt."""
+and the call's other requests start no new attempt. A streamed call is one request, read as
+it comes (`streams`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import concurrent.futures
 import random
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Self
@@ -17,6 +19,9 @@ import httpx
 
 from batchgate_client.answers import Outputs
 from batchgate_client.call import MAX_INPUTS, PATH, Call, RetryPolicy, chunks
+from batchgate_client.errors import Unprocessable
+from batchgate_client.resume import MAX_STREAM_INPUTS, MEDIA, Format, StreamCall
+from batchgate_client.streams import AsyncStream, Stream
 
 
 class _Abandoned(Exception):
@@ -25,12 +30,15 @@ class _Abandoned(Exception):
 
 class _Base:
     def __init__(self, api_key: str | None, timeout: float, max_inputs: int,
-                 model: str | None, retry: RetryPolicy | None, clock: Callable[[], float],
-                 rng: random.Random | None) -> None:
+                 max_stream_inputs: int, model: str | None, retry: RetryPolicy | None,
+                 clock: Callable[[], float], rng: random.Random | None) -> None:
         if not 1 <= max_inputs <= MAX_INPUTS:
             raise ValueError(f"max_inputs must be within 1..{MAX_INPUTS}")
+        if max_stream_inputs < 1:
+            raise ValueError("max_stream_inputs must be at least 1")
         self.keyed = bool(api_key)
         self.timeout, self.max_inputs, self.model = timeout, max_inputs, model
+        self.max_stream_inputs = max_stream_inputs
         self.retry, self.clock = retry or RetryPolicy(), clock
         self.rng = rng or random.Random()
 
@@ -40,6 +48,26 @@ class _Base:
         parts = chunks(list(inputs), self.max_inputs)
         return [Call(chunk, model, deadline, self.retry, self.rng, self.keyed, len(parts) > 1)
                 for chunk in parts]
+
+    def _stream_call(self, inputs: Sequence[str], model: str | None, key: str | None,
+                     format: Format, max_resumes: int) -> StreamCall:
+        """The call `stream()` reads; raises what is wrong with it before anything is sent:
+        Unprocessable (`too_many_inputs`, status 0) past `max_stream_inputs`, as the server
+        would answer, ValueError for a key without an API key or an unknown format."""
+        if len(inputs) > self.max_stream_inputs:
+            raise Unprocessable(f"{len(inputs)} inputs, more than max_stream_inputs "
+                                f"({self.max_stream_inputs}) in one stream",
+                                "too_many_inputs", status=0)
+        if key is not None and not self.keyed:
+            raise ValueError("an Idempotency-Key needs an API key (the server keeps answers "
+                             "per account)")
+        if format not in MEDIA:
+            raise ValueError(f"format must be one of {sorted(MEDIA)}")
+        if key is None and self.keyed:
+            key = uuid.uuid4().hex
+        return StreamCall(list(inputs), self.model if model is None else model,
+                          self.clock() + self.timeout, self.retry, self.rng, key, format,
+                          max_resumes)
 
     @staticmethod
     def _headers(api_key: str | None) -> dict[str, str]:
@@ -52,12 +80,14 @@ class Client(_Base):
     another request of the same call has failed."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
-                 max_inputs: int = MAX_INPUTS, model: str | None = None,
-                 retry: RetryPolicy | None = None, transport: httpx.BaseTransport | None = None,
+                 max_inputs: int = MAX_INPUTS, max_stream_inputs: int = MAX_STREAM_INPUTS,
+                 model: str | None = None, retry: RetryPolicy | None = None,
+                 transport: httpx.BaseTransport | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] | None = None,
                  rng: random.Random | None = None) -> None:
-        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
+        super().__init__(api_key, timeout, max_inputs, max_stream_inputs, model, retry, clock,
+                         rng)
         self._sleep = sleep
         self._http = httpx.Client(base_url=base_url, headers=self._headers(api_key),
                                   transport=transport)
@@ -82,6 +112,20 @@ class Client(_Base):
                     future.cancel()
                 raise
         return Outputs.joined([future.result() for future in futures]).whole()
+
+    def stream(self, inputs: Sequence[str], model: str | None = None, *,
+               idempotency_key: str | None = None, format: Format = "sse",
+               max_resumes: int = 5) -> Stream:
+        """The inputs as one streamed request (at most `max_stream_inputs`), its results
+        yielded as they complete: an `Output` or a `Failure` per input, by its index; then
+        `.done` holds the done event (the answer's id, version and counts). With a key
+        (`idempotency_key`, else a fresh one when the client has an API key) a dropped
+        stream resumes by itself, up to `max_resumes` times within the deadline, and yields
+        only what it had not; without one a drop raises `StreamBroken`. A refusal before
+        the stream opens is retried, then raised, as `batchstring`'s is. `format`: "sse" or
+        "ndjson" (the same results either way). Nothing is sent before the first `next`."""
+        call = self._stream_call(inputs, model, idempotency_key, format, max_resumes)
+        return Stream(self._http, call, self.clock, self._sleep or time.sleep)
 
     def _run(self, call: Call, stop: threading.Event) -> Outputs:
         while not stop.is_set():
@@ -116,13 +160,14 @@ class AsyncClient(_Base):
     and each attempt is also bounded as a whole by what is left of the deadline."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 30.0,
-                 max_inputs: int = MAX_INPUTS, model: str | None = None,
-                 retry: RetryPolicy | None = None,
+                 max_inputs: int = MAX_INPUTS, max_stream_inputs: int = MAX_STREAM_INPUTS,
+                 model: str | None = None, retry: RetryPolicy | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
                  rng: random.Random | None = None) -> None:
-        super().__init__(api_key, timeout, max_inputs, model, retry, clock, rng)
+        super().__init__(api_key, timeout, max_inputs, max_stream_inputs, model, retry, clock,
+                         rng)
         self._sleep = sleep
         self._http = httpx.AsyncClient(base_url=base_url, headers=self._headers(api_key),
                                        transport=transport)
@@ -150,6 +195,14 @@ class AsyncClient(_Base):
         if failures:
             raise failures[0]
         return Outputs.joined(results).whole()
+
+    def stream(self, inputs: Sequence[str], model: str | None = None, *,
+               idempotency_key: str | None = None, format: Format = "sse",
+               max_resumes: int = 5) -> AsyncStream:
+        """As the blocking client's `stream()`: read it with `async for` (in `async with`,
+        or to its end, so its connection is closed)."""
+        call = self._stream_call(inputs, model, idempotency_key, format, max_resumes)
+        return AsyncStream(self._http, call, self.clock, self._sleep)
 
     async def _run(self, call: Call) -> Outputs:
         while True:

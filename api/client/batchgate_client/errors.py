@@ -27,7 +27,13 @@
     │                                state_unavailable
     ├── DeadlineExceeded        504, or the call's deadline passed here (also a TimeoutError)
     ├── ConnectionFailed             no answer (refused, reset) after the retries
+    │   └── StreamBroken             a stream ended before its done event and could not be
+    │                                resumed (no Idempotency-Key, or no resume or time left)
     └── ProtocolError                the answer breaks batchgate's protocol (also a ValueError)
+
+In a stream (`Client.stream`) an input's error is one of these too, by its code alone (no
+status travels with it; `.status` is then the class's): `deadline_exceeded` a DeadlineExceeded,
+`refused` a Refused naming that one input, a code the client does not know a BatchgateError.
 
 These mirror the server's codes (api/errors.py's ERRORS, which this module cannot import: it
 would load the server into every client); `ProtocolError` is the client's own.
@@ -157,6 +163,13 @@ class ConnectionFailed(BatchgateError):
     """No answer (refused, reset) and no time or attempt left to try again."""
 
 
+class StreamBroken(ConnectionFailed):
+    """A stream's connection dropped, or its body ended, before its done event, and it could
+    not be resumed: it had no Idempotency-Key (a keyless request is never sent twice once
+    its stream has begun: its inputs would run again), or its resumes or its deadline ran
+    out. Raised by the stream's iterator after it has yielded every event that came."""
+
+
 class ProtocolError(BatchgateError, ValueError):
     """The server answered, but not as batchgate does: a 200 that is not JSON, or not
     `{"outputs": [...]}` with one string per input (null only at the inputs its `refused`
@@ -175,6 +188,8 @@ BY_CODE: dict[str, type[BatchgateError]] = {
     "model_loading": ModelLoading,
     "refused": Refused,
     "guard_unavailable": GuardUnavailable,
+    "deadline_exceeded": DeadlineExceeded,  # as its status says: read by code in a stream
+    "internal": ServerError,
     **dict.fromkeys(("model_error", "contract_violation", "query_of_death"), ModelError),
     **dict.fromkeys(("over_budget", "deadline_unreachable", "queue_full",
                      "too_many_connections"), Overloaded),
@@ -190,5 +205,6 @@ __all__ = [
     "DeadlineExceeded", "GuardUnavailable", "HeadersTooLarge", "IdempotencyKeyReused",
     "ModelError", "ModelLoading", "NoHealthyWorker", "Overloaded", "PayloadTooLarge",
     "ProtocolError", "RateLimited", "Refusal", "Refused", "RequestTimeout", "ServerError",
-    "Unauthorized", "Unavailable", "UnknownModel", "Unprocessable", "UnsupportedMediaType",
+    "StreamBroken", "Unauthorized", "Unavailable", "UnknownModel", "Unprocessable",
+    "UnsupportedMediaType",
 ]
