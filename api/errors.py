@@ -56,6 +56,8 @@ ERRORS: dict[str, ErrorCode] = {
     "invalid_timeout": ErrorCode(400, "X-Request-Timeout-Ms is not a number of at least 1 ms"),
     "invalid_idempotency_key": ErrorCode(400, "Idempotency-Key is empty or too long"),
     "idempotency_needs_key": ErrorCode(400, "Idempotency-Key sent without an API key"),
+    "resume_needs_key": ErrorCode(400, "Last-Event-ID or ?after= sent without the stream's "
+                                       "Idempotency-Key: only a keyed stream resumes"),
     "invalid_host": ErrorCode(400, "an HTTP/1.1 request without a Host header, or with more "
                                    "than one (RFC 9112 3.2)"),
     "repeated_header": ErrorCode(400, "Authorization, Idempotency-Key or X-Request-Timeout-Ms "

@@ -228,6 +228,27 @@ class Admission:
                                       overtaking_chars, joining)
         return max(alone, expected) <= deadline_in and expected <= self._settings.budgets[tier]
 
+    def judge(
+        self, queued: int, workers: int, deadline_in: float, overtaking: float = 0.0,
+        queued_chars: int = 0, items: int = 1, chars: int = 0, overtaking_chars: float = 0.0,
+        joining: Sequence[float] = (),
+    ) -> None:
+        """A streamed request's judgement before it starts (see `estimate` for the
+        arguments): its inputs are fed through a window and each answered as it lands, so
+        its deadline bounds it, not its tier's budget (which bounds one answer's wait).
+        Raises `NoWorkerReady`, or `DeadlineUnreachable` when its last input is not
+        expected back before the deadline."""
+        if workers <= 0 and not joining:
+            raise NoWorkerReady("no worker is ready", 1.0)
+        alone, expected = self._times(queued, workers, overtaking, queued_chars, items, chars,
+                                      overtaking_chars, joining)
+        if max(alone, expected) > deadline_in:
+            raise DeadlineUnreachable(
+                f"its {items} inputs need about {max(alone, expected) * 1000:.0f} ms with the "
+                f"work queued ahead, past the request's deadline of {deadline_in * 1000:.0f} "
+                f"ms: send fewer inputs, or a longer X-Request-Timeout-Ms",
+                max(0.0, expected - alone))
+
     def check(
         self, tier: Tier, queued: int, workers: int, deadline_in: float,
         overtaking: float = 0.0, queued_chars: int = 0, items: int = 1, chars: int = 0,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batcher.admission import Admission, RateMeter
 from batcher.errors import Closed
 from batcher.policy import Capacity, FlushPolicy
-from batcher.queues import TierQueues
+from batcher.queues import Slots, TierQueues
 from batcher.types import FlushReason, Item, Tier
 
 RECENT_ADMITS = 4  # requests over which `load_rate` sees a step in load
@@ -40,6 +40,7 @@ class BatcherStatistics:
     expired: int
     draining: bool
     arrival_rate: float
+    slots: Slots = field(default_factory=dict)  # items cut, by tier and account
 
 
 class Batcher:
@@ -92,7 +93,10 @@ class Batcher:
         tier = items[0].tier
         n = len(items)
         chars = len(items[0].text) if n == 1 else sum(len(i.text) for i in items)
-        if self._admission is not None:
+        if items[0].streamed:  # judged whole as its stream began
+            if self._offered is not None:
+                self._offered[tier].add(n, now)
+        elif self._admission is not None:
             queues = self._queues
             over, over_chars = self._overtaking(tier, now)
             offered = 0.0
@@ -100,14 +104,27 @@ class Batcher:
                 self._offered[tier].add(n, now)
                 if joining:
                     offered = sum(self._offered[t].rate(now) for t in self._through[tier])
-            self._admission.check(tier, queues.depth_through(tier), ready, deadline_in, over,
-                                  queues.chars_through(tier), n, chars, over_chars, joining,
-                                  offered)
+            queued, queued_chars = queues.ahead(tier, items[0].caller, chars)
+            self._admission.check(tier, queued, ready, deadline_in, over, queued_chars, n,
+                                  chars, over_chars, joining, offered)
         for item in items:
             item.enqueued = now
         self._queues.put_all(items, tier, chars)  # all or nothing
         self._arrivals[tier].add(n, now, chars)
         self._recent.append((now, n))
+
+    def judge(self, tier: Tier, items: int, chars: int, deadline_in: float, now: float,
+              ready: int, joining: Sequence[float] = ()) -> None:
+        """Judge a streamed request of `items` inputs (`chars` characters) before any is
+        queued (`Admission.judge`); raises `Closed` while draining."""
+        if self._draining:
+            raise Closed("the server is shutting down")
+        if self._admission is None:
+            return
+        queues = self._queues
+        over, over_chars = self._overtaking(tier, now)
+        self._admission.judge(queues.depth_through(tier), ready, deadline_in, over,
+                              queues.chars_through(tier), items, chars, over_chars, joining)
 
     def admit_run(self, requests: Sequence[list[Item]], deadline_in: float, now: float,
                   ready: int, joining: Sequence[float] = ()) -> bool:
@@ -116,8 +133,8 @@ class Batcher:
         characters cost nothing, checking the last one is enough (a wait estimate only
         grows with the queue ahead). False, with nothing queued, when not; the caller then
         admits them one by one to find which are refused."""
-        if self._draining:
-            return False
+        if self._draining or any(request[0].streamed for request in requests):
+            return False  # a stream's part is admitted alone, unjudged (`admit`)
         tier = requests[0][0].tier
         items = [item for request in requests for item in request]
         n = len(items)
@@ -274,6 +291,7 @@ class Batcher:
             expired=self._expired,
             draining=self._draining,
             arrival_rate=self.arrival_rate(now),
+            slots=q.slots,
         )
 
 

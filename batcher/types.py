@@ -155,6 +155,10 @@ class Item:
     skipped: tuple[str, ...] = ()  # guards that failed open for it: its answer says so
     route: Staged | None = None  # its way through guard stages (`failover.fleet.stages`)
     trace: RequestTrace | None = None  # its request's trace, shared by its items; None: off
+    # A streamed request's input: its stream was judged whole before it began, and its parts
+    # come through a window, so admission does not judge each part against the tier's
+    # budget again (the queue's hard cap still holds).
+    streamed: bool = False
 
     def settle(self, result: str | BaseException) -> None:
         """Hand the result to the waiter (exactly once: callers guarantee it)."""

@@ -24,6 +24,8 @@ class CoreSettings:
     max_attempts: int = 12
     bisect_budget: int = 16
     hang: HangSettings = field(default_factory=HangSettings)
+    fair_share: bool = True  # share each tier between its accounts (`batcher.fair`)
+    weights: Mapping[str, float] = field(default_factory=dict)  # account -> weight; else 1
 
     @classmethod
     def unbounded(cls, policy: FlushPolicy, latency: float, capacity: int) -> CoreSettings:
@@ -53,7 +55,8 @@ def build_core(settings: CoreSettings, times: BatchTimes | None = None,
         max_batch_chars=settings.policy.max_batch_chars,
         longest_batch=longest_batch(settings),
     ))
-    queues = TierQueues(dict.fromkeys(Tier, settings.queue_capacity))
+    queues = TierQueues(dict.fromkeys(Tier, settings.queue_capacity), settings.fair_share,
+                        settings.weights)
     table = InFlightTable(max_attempts=settings.max_attempts,
                           bisect_budget=settings.bisect_budget,
                           times=times or BatchTimes(settings.hang))

@@ -81,7 +81,8 @@ class CoreStatistics:
             if isinstance(first, bool):
                 return any(values)
             if isinstance(first, dict):
-                return {k: sum(v[k] for v in values) for k in first}
+                return {k: sum(v.get(k, 0) for v in values)  # keys differ (accounts)
+                        for k in dict.fromkeys(k for v in values for k in v)}
             return sum(values)
 
         batchers = [p.batcher for p in parts]
@@ -131,6 +132,16 @@ class DispatchCore:
         self._admit(items, deadline_in, now, self._table.ready_count() or arriving,
                     self._joining(now) if self._coming else ())
         return self._must_turn(was_empty, now)
+
+    def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
+              deadline_in: float, now: float) -> int:
+        """Judge a streamed request before any of its inputs is queued (raises what
+        `Batcher.judge` raises); returns the ready workers, whom its window keeps busy.
+        `version`: the one it runs on, this core's (the composite's call, as `admit`)."""
+        ready = self._table.ready_count()
+        self._batcher.judge(tier, items, chars, deadline_in, now, ready,
+                            self._joining(now) if self._coming else ())
+        return ready
 
     def admit_all(
         self, requests: Sequence[tuple[list[Item], float]], now: float, arriving: int = 0

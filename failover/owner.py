@@ -52,6 +52,9 @@ class Core(Protocol):
 
     def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None: ...
 
+    def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
+              deadline_in: float, now: float) -> int: ...
+
     def cancel(self, item: Item) -> bool: ...
 
     def drain(self) -> None: ...
@@ -212,6 +215,12 @@ class CoreOwner:
         """The version a request naming `model` runs on (raises UnknownModel); "" for a
         core of one version."""
         return self._core.resolve(model, sticky)
+
+    def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
+              deadline_in: float) -> int:
+        """Judge a streamed request before any of its inputs is queued (raises its
+        refusal); the ready workers of its version."""
+        return self._core.judge(version, tier, items, chars, deadline_in, self._clock.now())
 
     def cancel(self, item: Item) -> None:
         if self._core.cancel(item):

@@ -19,10 +19,11 @@ settings.load_profile("batchgate")
 
 WAITING = ("ray/", "e2e/test_scaling", "e2e/test_scale_latency", "e2e/test_models_cold",
            "e2e/test_models_parked", "e2e/test_models_rollout", "e2e/test_models_weights",
-           "e2e/test_models_failing", "e2e/test_serve_startup", "e2e/test_core_death_keyed")
+           "e2e/test_models_failing", "e2e/test_serve_startup", "e2e/test_core_death_keyed",
+           "e2e/test_streaming")
 """The runs that mostly wait: the Ray cluster's (tests/ray, a subprocess in a namespace of
 its own) and the end-to-end runs that wait out loads, steps of load, scale-downs, failing
-loads, start-ups and a core's restart on a real server."""
+loads, start-ups, a core's restart and long streams on a real server."""
 
 POOLS = ("failover/", "batcher/", "gpu_pool/", "loadtest/", "api/cell/",
          "e2e/test_hostile_pool", "api/oip/", "e2e/test_traces")

@@ -87,15 +87,16 @@ class _GatewayConnection(Framed):
         for message in messages:
             kind, rid = message[0], message[1]
             if kind == "run":
-                _, _, tier, account, key, texts, single, deadline, idempotency, model, trace \
-                    = message
+                (_, _, tier, account, key, texts, single, deadline, idempotency, model, trace,
+                 stream) = message
                 principal = principals.get((tier, account, key))
                 if principal is None:
                     principal = self._principal(tier, account, key)
                 if deadline <= now:
                     self._late(rid, principal.tier)
                     continue
-                job = Job(principal, texts, single, deadline - now, idempotency, model, trace)
+                job = Job(principal, texts, single, deadline - now, idempotency, model, trace,
+                          stream)
                 if idempotency is None:
                     run = self._live[rid] = _LinkJob(self, rid, job)
                     runs.append(run)

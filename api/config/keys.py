@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,8 @@ class KeyRing:
     anonymous: bool = True
     tiers: dict[Tier, TierPolicy] = field(default_factory=lambda: dict(DEFAULT_TIERS))
     hashed: bool = False  # some key is held hashed: a miss is hashed and looked up again
+    # Fair share within a tier: each account's weight, where its entries name one (else 1).
+    weights: dict[str, float] = field(default_factory=dict)
 
     def identify(self, authorization: str | None) -> Principal:
         """Map an Authorization header to a principal; raise Unauthorized."""
@@ -93,6 +96,7 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise KeysFileError(f"keys file {path}: {exc}") from exc
     keys: dict[str, Principal] = {}
+    weights: dict[str, float] = {}
     for n, entry in enumerate(data.get("keys", []), start=1):
         key, tier, account = entry.get("key"), entry.get("tier"), entry.get("account")
         if not isinstance(key, str) or not key:
@@ -103,7 +107,9 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
             raise KeysFileError(f"keys file {path}: key entry {n} repeats a key")
         if key.startswith(HASHED) and not _is_hash(key):
             raise KeysFileError(f"keys file {path}: key entry {n}: sha256: needs 64 hex digits")
-        keys[key] = Principal(Tier[tier.upper()], str(account or key_account(key)), key)
+        keys[key] = principal = Principal(Tier[tier.upper()], str(account or key_account(key)),
+                                          key)
+        _weigh(weights, principal.account, entry, f"keys file {path}: key entry {n}")
     admin = data.get("admin", {}).get("keys", [])
     if not isinstance(admin, list) or not all(isinstance(k, str) and k for k in admin):
         raise KeysFileError(f"keys file {path}: admin.keys must be a list of strings")
@@ -118,7 +124,23 @@ def load_keys(path: Path | None, admin_key: str | None = None) -> KeyRing:
         raise KeysFileError(f"keys file {path}: {exc}") from exc
     everyone = [*keys, *admin]
     return KeyRing(keys, frozenset(admins | set(admin)), anonymous, tiers,
-                   hashed=any(k.startswith(HASHED) for k in everyone))
+                   hashed=any(k.startswith(HASHED) for k in everyone), weights=weights)
+
+
+def _weigh(weights: dict[str, float], account: str, entry: dict[str, object], where: str
+           ) -> None:
+    """Note an entry's optional `weight` (a number > 0) for its account: the entries of one
+    account that name a weight must name the same (those that name none take it)."""
+    weight = entry.get("weight")
+    if weight is None:
+        return
+    if isinstance(weight, bool) or not isinstance(weight, int | float) \
+            or not 0 < weight < math.inf:
+        raise KeysFileError(f"{where}: weight must be a number > 0, not {weight!r}")
+    known = weights.setdefault(account, float(weight))
+    if known != weight:
+        raise KeysFileError(f"{where}: weight {weight} differs from the weight {known} "
+                            f"another entry gives account {account!r}")
 
 
 def _is_hash(key: str) -> bool:

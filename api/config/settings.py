@@ -177,6 +177,14 @@ class Settings:
     max_body_bytes: int = field(default=1_048_576, metadata=doc("request body limit in bytes"))
     max_input_chars: int = field(default=10_000, metadata=doc("characters per input string"))
     max_inputs: int = field(default=MAX_BATCH, metadata=doc("strings per request in `inputs`"))
+    max_stream_inputs: int = field(default=10_000, metadata=doc(
+        "strings per streamed request (Accept: text/event-stream or application/x-ndjson); "
+        "their inputs ride many batches, fed through a window"))
+    max_stream_body_bytes: int = field(default=16 << 20, metadata=doc(
+        "a streamed request's body limit in bytes"))
+    fair_share: bool = field(default=True, metadata=doc(
+        "fill batches by weighted fair share between the accounts of a tier (weights in the "
+        "keys file; off: first come, first served within a tier)"))
     max_connections: int = field(default=4096, metadata=doc(
         "open connections the server holds, a cell's gateways together; one more is "
         "answered 503 too_many_connections and closed"))
@@ -255,6 +263,10 @@ class Settings:
         _check(self.max_body_bytes >= 1024, "max-body-bytes must be at least 1024")
         _check(self.max_input_chars >= 1, "max-input-chars must be at least 1")
         _check(1 <= self.max_inputs <= MAX_BATCH, f"max-inputs must be within 1..{MAX_BATCH}")
+        _check(self.max_stream_inputs >= self.max_inputs,
+               "max-stream-inputs must be at least max-inputs")
+        _check(self.max_stream_body_bytes >= self.max_body_bytes,
+               "max-stream-body-bytes must be at least max-body-bytes")
         _check(self.max_connections >= 1, "max-connections must be at least 1")
         _check(self.head_timeout_s > 0 and self.body_timeout_s > 0,
                "head-timeout-s and body-timeout-s must be > 0")

@@ -31,6 +31,7 @@ from api.door.service import (
 )
 from api.door.shared_limits import SharedLimits, rate_step
 from api.door.status import Running, StatusView
+from api.door.streams import StreamStart
 
 __all__ = [
     "EXIT_CORE_FAILED",
@@ -51,6 +52,7 @@ __all__ = [
     "Service",
     "SharedLimits",
     "StatusView",
+    "StreamStart",
     "TokenBucket",
     "build",
     "build_door",

@@ -23,10 +23,12 @@ from api.door.overrides import Overrides
 from api.door.service import Service
 from api.door.shared_limits import rate_step
 from api.door.status import StatusView
+from api.door.streams import StreamStart
 from api.http import DirectRoute, Routes, http_app, on_sighup, settle_and_time
 from api.kept import redis_client
 from api.metrics import Metrics
 from api.oip import infer_call, oip_routes, serving_grpc
+from api.stream import StreamRoute
 from batcher.tracing import Tracing
 from gpu_pool import CellIdentity, Pool
 
@@ -52,7 +54,7 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
     process)."""
     overrides = Overrides.beside(settings.models if keep_changes else None)
     service = Service(settings, metrics, keys.tiers, pool=pool, identity=identity,
-                      overrides=overrides)
+                      overrides=overrides, weights=keys.weights)
     metrics.watch(service.snapshot)
     catalogue = service.models.catalogue
     metrics.name_guards(m for m in catalogue.models if catalogue.is_guard(m))
@@ -65,7 +67,8 @@ def build_door(settings: Settings, keys: KeyRing, metrics: Metrics, pool: Pool |
                          service.core.change,
                          None if cell is None else lambda: list(cell().get("refused", [])),
                          most=settings.workers.max, overrides=service.overrides)
-    status = StatusView(service, service.pool.ready_count, metrics, cell, models)
+    status = StatusView(service, service.pool.ready_count, metrics, cell, models,
+                        StreamStart(door))
     return CoreParts(service, door, status, models)
 
 
@@ -90,6 +93,7 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
     service, door, status, models = build_door(settings, keys, metrics, pool,
                                                identity=identity, tracing=tracing)
     routes = Routes(LocalCore(door, status.table), settings, keys, metrics, tracing=tracing)
+    routes.streamed = StreamRoute(routes)
     direct = LocalRoute(routes, door)
     direct.shapes = infer_call  # /v2's infer on the direct way too
 

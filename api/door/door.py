@@ -21,8 +21,10 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar, cast
 
+from api.config import Principal
 from api.door.keyed import REPLAYED, KeptRequest, KeyedPath
-from api.door.limits import Check, RateStep, pressure_factor
+from api.door.limits import Check, Checked, RateStep, pressure_factor
+from api.door.positions import PartsSkipped, Promised
 from api.errors import RETRIED, ClientClosed, to_api_error
 from api.http import (
     Answered,
@@ -63,6 +65,10 @@ class Core(Protocol):
 
     def cancel(self, item: Item) -> None: ...
 
+    def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
+              deadline_in: float) -> int:
+        """A streamed request judged whole (raises its refusal); its version's workers."""
+
     def resolve(self, model: str | None, sticky: str | None) -> VersionKey | None:
         """The version a request naming `model` runs on (None: a core of one version's
         own; raises UnknownModel)."""
@@ -96,6 +102,7 @@ class Door:
         self.metrics = metrics
         self._ids = itertools.count(1)
         self._keyed = KeyedPath(store, clock, metrics, self.serve, self.refusal)
+        self.promised = Promised()  # what the streams running now have yet to send
 
     async def run(
         self, job: Job, client: ClientWatch | None = None,
@@ -103,12 +110,9 @@ class Door:
     ) -> Outcome:
         """Decide and wait. `client` hears the client hang up (in process); a remote caller
         passes `register` instead and calls `leave()` on the request when its client goes."""
-        try:  # replays and joins count against the rate too
-            waiting = _Verdict(asyncio.get_running_loop().create_future())
-            self.rates.pass_frame(self.checks((job,)), self.clock.now(), waiting)
-            refusal = (await waiting.future)[0]
-            if refusal is not None:
-                raise refusal
+        try:  # replays and joins count against the rate too (a stream's parts: its own)
+            if job.stream is None:
+                await self.rate_passed(job.principal)
             if job.idempotency is None:
                 return await self.serve(job, client, register)
             if job.trace is None or self.tracing is None:
@@ -116,6 +120,14 @@ class Door:
             return await self._kept(job, job.trace, self.tracing, client, register)
         except Exception as exc:  # translated at the boundary, never a traceback
             return self.refusal(exc, job.principal.tier)
+
+    async def rate_passed(self, principal: Principal) -> None:
+        """One request of `principal` through the rate step; raises its refusal."""
+        waiting = _Verdict(asyncio.get_running_loop().create_future())
+        self.rates.pass_frame([(principal, pressure_factor(self.pressure(principal.tier)))],
+                              self.clock.now(), waiting)
+        if (refusal := (await waiting.future)[0]) is not None:
+            raise refusal
 
     async def _kept(self, job: Job, trace: str, tracing: Tracing, client: ClientWatch | None,
                     register: Callable[[PendingRequest], None] | None) -> Rendered:
@@ -137,11 +149,17 @@ class Door:
         be alone, after the jobs before it. The caller then waits for each collation to
         end and asks `conclude`."""
         now = self.clock.now()
-        frame = _Frame(self, jobs, collations, to, now)
+        frame: Checked = _Frame(self, jobs, collations, to, now)
+        rated = jobs
+        if any(job.stream is not None for job in jobs):  # a stream's parts passed already
+            frame = PartsSkipped(frame, [job.stream is None for job in jobs])
+            if not (rated := [job for job in jobs if job.stream is None]):
+                frame.checked([])
+                return
         try:
-            checks = self.checks(jobs)
+            checks = self.checks(rated)
         except Exception as exc:  # answered, never lost: the refusal logs what it is
-            frame.checked([exc] * len(jobs))
+            frame.checked([exc] * len(rated))
             return
         self.rates.pass_frame(checks, now, frame)
 
@@ -193,6 +211,8 @@ class Door:
                                    principal.account, version,
                                    None if keyed is None else (principal.account or "", keyed[0]))
             out.append(items)
+            if job.stream is not None:  # judged whole as its stream began
+                self.promised.sent(job.stream, items)
             if job.trace is not None and self.tracing is not None:
                 _traced(job.trace, items, now, late)
             if keyed is not None and self.salvage:  # a dead core's worker may have run them

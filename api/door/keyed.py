@@ -17,6 +17,7 @@ from typing import Protocol
 
 import anyio
 
+from api.door.positions import STREAM_POSITION, StreamPositions
 from api.errors import ClientClosed, LeaderGone
 from api.http import (
     Answered,
@@ -140,11 +141,13 @@ class KeyedPath:
     first; with the memory store alone (the default), it never awaits the store."""
 
     def __init__(self, store: IdempotencyStore, clock: Clock, metrics: Metrics, serve: Serve,
-                 refuse: Refuse) -> None:
+                 refuse: Refuse, positions: StreamPositions | None = None) -> None:
+        """`positions`: where keyed streams' parts are numbered (`api.door.positions`)."""
         self._backed = store if isinstance(store, BackedStore) else None
         self._store = store.memory if isinstance(store, BackedStore) else store
         self._clock, self._metrics = clock, metrics
         self._serve, self._refuse = serve, refuse
+        self._positions = positions if positions is not None else StreamPositions()
 
     async def run(self, job: Job, client: ClientWatch | None,
                   register: Callable[[PendingRequest], None] | None) -> Rendered:
@@ -178,7 +181,7 @@ class KeyedPath:
                 try:
                     lease, job, kept = await self._claim(self._backed, job)
                 except Exception as exc:  # refused: its joiners get the same answer
-                    response = self._refused(exc, tier)
+                    response = self._placed(job, self._refused(exc, tier))
                     store.complete(entry, _stored(response), self._clock.now(), keep=False)
                     return response
                 if kept is not None:  # answered before: by an earlier process, or a cell
@@ -193,14 +196,14 @@ class KeyedPath:
                 status, body, headers = _answer(answered.outputs, job.single,
                                                 answered.refused, answered.skipped,
                                                 answered.model)
-                response = Rendered(status, body, headers, answered.waits, answered.batch,
-                                    answered.model)
+                response = self._placed(job, Rendered(
+                    status, body, headers, answered.waits, answered.batch, answered.model))
             except ClientClosed as exc:  # no answer of its own: its joiners retry, or
                 # wait for what its inputs bring if they run on
                 self._linger(entry, pending, lease)
                 return self._refuse(exc, tier)
             except Exception as exc:
-                response = self._refuse(exc, tier)
+                response = self._placed(job, self._refuse(exc, tier))
                 if self._linger(entry, pending, lease):
                     return response  # what ran is kept when it lands; joiners wait for it
             # Its joiners get this answer whatever it is (refused, timed out included);
@@ -251,6 +254,19 @@ class KeyedPath:
         self._metrics.replays.inc()
         return _replayed(winner), True
 
+    def _placed(self, job: Job, response: Rendered) -> Rendered:
+        """`response` numbered in its stream, if `job` is a part of a keyed stream."""
+        if not job.stream:
+            return response
+        return response._replace(headers=self._place(job, response.headers))
+
+    def _place(self, job: Job, headers: tuple[tuple[str, str], ...]
+               ) -> tuple[tuple[str, str], ...]:
+        if not job.stream:
+            return headers
+        at = self._positions.take(job.principal.account, job.stream, len(job.texts))
+        return (*headers, (STREAM_POSITION, str(at)))
+
     def _refused(self, exc: BaseException, tier: Tier) -> Rendered:
         if isinstance(exc, StateUnavailable):
             self._metrics.state_errors.labels("kept").inc()
@@ -283,9 +299,10 @@ class KeyedPath:
             if lease is not None:
                 self._release_soon(lease)
             return
-        response = StoredResponse(*_answer(
+        status, body, headers = _answer(
             pending.outputs, job.single, tuple(sorted(pending.refused or ())),
-            tuple(pending.skipped or ()), pending.model))
+            tuple(pending.skipped or ()), pending.model)
+        response = StoredResponse(status, body, self._place(job, headers))
         if lease is None:
             self._store.complete(entry, response, now, keep=True)
         elif not self._soon(lambda: self._keep_landed(entry, lease, response)):

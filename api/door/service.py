@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import replace
 
 import anyio
@@ -137,8 +138,10 @@ def hang_settings(settings: Settings) -> HangSettings:
 
 
 def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy],
-                  floor: float | None = None) -> CoreSettings:
-    """`floor`: the batch latency of the version the core serves, if not the model's."""
+                  floor: float | None = None,
+                  weights: Mapping[str, float] | None = None) -> CoreSettings:
+    """`floor`: the batch latency of the version the core serves, if not the model's;
+    `weights`: the accounts' fair-share weights (the keys file's)."""
     policy = FlushPolicy(max_batch=settings.max_batch, max_wait=settings.max_wait_ms / 1000,
                          idle_trigger=settings.idle_trigger,
                          max_batch_chars=settings.max_batch_chars)
@@ -147,6 +150,7 @@ def core_settings(settings: Settings, tiers: dict[Tier, TierPolicy],
         queue_capacity=settings.queue_capacity,
         initial_latency=max(latency_floor(settings) if floor is None else floor, 0.01),
         max_attempts=settings.max_attempts, hang=hang_settings(settings),
+        fair_share=settings.fair_share, weights=dict(weights or {}),
     )
 
 
@@ -173,10 +177,10 @@ class Service:
     def __init__(
         self, settings: Settings, observer: CoreObserver, tiers: dict[Tier, TierPolicy],
         pool: Pool | None = None, identity: CellIdentity | None = None,
-        overrides: Overrides | None = None,
+        overrides: Overrides | None = None, weights: Mapping[str, float] | None = None,
     ) -> None:
         """`overrides`: the admin's changes kept over the models file (None: none yet,
-        kept in memory)."""
+        kept in memory); `weights`: the accounts' fair-share weights (`KeyRing.weights`)."""
         self.settings = settings
         self.clock = MonotonicClock()
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
@@ -188,7 +192,7 @@ class Service:
                 floor: float | None = load_of(settings, serving, version).floor(None)
             except LookupError:  # gone from the catalogue: it only drains
                 floor = None
-            return build_core(core_settings(settings, tiers, floor), version=version)
+            return build_core(core_settings(settings, tiers, floor, weights), version=version)
 
         def load(version: VersionKey) -> Load:
             return load_of(settings, self.models.catalogue, version)

@@ -10,7 +10,7 @@ per job than admitting it. Nothing that crosses names a class of the core's pack
 gateway unpickles without loading them.
 
 Gateway -> core: ("run", rid, tier, account, key, texts, single, deadline, idempotency,
-model, trace),
+model, trace, stream),
 ("cancel", rid), ("call", rid, name, *args). A job's deadline is when its time runs out on
 `HOST_CLOCK`, counted from when the gateway sent it: a core that reads it late (stopped, a
 long turn) gives it only the time it has left, as a single process would have.
@@ -50,7 +50,7 @@ def run_message(rid: int, job: Job, now: float | None = None) -> Message:
     p = job.principal
     sent = HOST_CLOCK() if now is None else now
     return ("run", rid, int(p.tier), p.account, p.key, job.texts, job.single,
-            sent + job.timeout, job.idempotency, job.model, job.trace)
+            sent + job.timeout, job.idempotency, job.model, job.trace, job.stream)
 
 
 def outcome_message(rid: int, outcome: Outcome) -> Message:

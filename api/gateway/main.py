@@ -36,6 +36,7 @@ from api.http import (
 )
 from api.metrics import Metrics
 from api.oip import infer_call, oip_routes, serving_grpc
+from api.stream import StreamRoute
 from batcher.tracing import Tracing
 
 log = logging.getLogger("batchgate.gateway")
@@ -75,6 +76,7 @@ def gateway_main(settings: Settings, link: str, sock: socket.socket, slot: int,
     core = RemoteCore(link, core_lost, resubmitted=metrics.resubmitted.inc, kept=kept)
     tracing = Tracing.of(settings.otlp_endpoint, "gateway", settings.otlp_sample)
     routes = Routes(core, settings, keys, metrics, gateway=slot, tracing=tracing)
+    routes.streamed = StreamRoute(routes)
 
     def heard(message: Order | CellStatus) -> None:
         nonlocal stopping

@@ -73,6 +73,10 @@ from api.http.jobs import (
     guarded_answer,
     rendered,
 )
+from api.http.media import (
+    Framing,
+    framing_of,
+)
 from api.http.openapi import (
     ADMIN_ONLY,
     DocumentedRoute,
@@ -133,6 +137,7 @@ __all__ = [
     "DirectRoute",
     "DocumentedRoute",
     "DrainingServer",
+    "Framing",
     "GuardedHttpProtocol",
     "HttpCall",
     "Job",
@@ -159,6 +164,7 @@ __all__ = [
     "answer_body",
     "answer_id",
     "document",
+    "framing_of",
     "guarded_answer",
     "guarded_protocol",
     "header_map",

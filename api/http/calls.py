@@ -23,6 +23,10 @@ class StatusCall(enum.Enum):
     MODELS = "models"  # (method, name, version, body) -> (HTTP status, body): the admin API
     CELL = "cell"  # () -> {"gateways": [...], "core": {...} or None}
     METRICS_TEXT = "metrics_text"  # () -> the Prometheus text of every process
+    # (stream, tier, account, key, model, sticky, items, chars, timeout) -> ("ok", version,
+    # workers)
+    # or ("no", status, body, headers): a streamed request's start (`api.door.StreamStart`)
+    STREAM = "stream"
 
     @classmethod
     def named(cls, name: str) -> StatusCall:

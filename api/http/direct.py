@@ -35,6 +35,7 @@ from api.http.access_log import AccessLog, hot
 from api.http.collation import ClientWatch, Collation
 from api.http.fastpath import HOT_PATH, header_map
 from api.http.jobs import Job, Outcome
+from api.http.media import framing_of
 from api.http.routes import Routes, render
 from batcher import Item
 
@@ -145,7 +146,8 @@ class DirectRoute:
         if length is None or not length.isdigit() \
                 or int(length) > self.routes.limits.max_body_bytes \
                 or "idempotency-key" in headers or "expect" in headers \
-                or "transfer-encoding" in headers:
+                or "transfer-encoding" in headers \
+                or ("accept" in headers and framing_of(headers["accept"]) is not None):
             return None
         return DirectCall(self, conn, headers, keep_alive, shape)
 

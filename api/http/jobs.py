@@ -26,6 +26,10 @@ class Job(NamedTuple):
     idempotency: tuple[str, bytes] | None = None  # (Idempotency-Key, sha256 of the body)
     model: str | None = None  # as the request names it: "topics", "topics@v2"; None: first
     trace: str | None = None  # the request span's traceparent; None: tracing is off
+    # A part of a streamed request (`api.stream`): its stream's mark. Its stream passed the
+    # rate step once, so its parts do not. A keyed stream's mark is its Idempotency-Key: the
+    # door numbers its parts' answers under it as they are decided (`api.door.positions`).
+    stream: str | None = None
 
     @property
     def sticky(self) -> str | None:

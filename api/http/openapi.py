@@ -41,6 +41,7 @@ from api.http.openapi_schema import (
     json_object,
     operation,
     refusals_schema,
+    stream_event_schema,
     string,
 )
 from api.http.parsing import MIN_TIMEOUT_MS, MODEL_NAME, Limits
@@ -109,6 +110,7 @@ def document(limits: Limits, version: str = "0.1.0", extra: JsonObject | None = 
         "components": {
             "schemas": {"Request": _request(limits), "Answer": _answer(),
                         "Error": error_schema(sorted(ERRORS)), "Worker": worker_schema(),
+                        "StreamEvent": stream_event_schema(),
                         "Models": models_schema(), "ModelChange": model_change_schema()},
             "securitySchemes": {
                 "apiKey": {"type": "http", "scheme": "bearer",
@@ -178,7 +180,7 @@ def _batchstring() -> JsonObject:
                     "Idempotent-Replayed": header_ref("Idempotent-Replayed"),
                     "Guard-Skipped": header_ref("Guard-Skipped")},
         "content": {JSON: {"schema": {"$ref": "#/components/schemas/Answer"},
-                           "examples": ANSWER_EXAMPLES}}}}
+                           "examples": ANSWER_EXAMPLES}, **_streamed()}}}
     for status in statuses:
         responses[str(status)] = error_answer(status, hot=True)
     return {
@@ -197,11 +199,36 @@ def _batchstring() -> JsonObject:
                             "--max-request-timeout-ms)",
              # the pattern's "at least 1" is MIN_TIMEOUT_MS
              "schema": {"type": "string", "pattern": r"^0*[1-9][0-9]*(\.[0-9]*)?$"}},
+            {"name": "Accept", "in": "header", "required": False,
+             "description": "text/event-stream or application/x-ndjson: the answer is a "
+                            "stream of events (StreamEvent), one per input as its batch "
+                            "lands, then `done`; the request may hold up to "
+                            "--max-stream-inputs inputs. Anything else: the JSON answer",
+             "schema": {"type": "string"}},
+            {"name": "Last-Event-ID", "in": "header", "required": False,
+             "description": "resume a keyed stream (the same Idempotency-Key and body) "
+                            "after the SSE event of this number",
+             "schema": {"type": "string", "pattern": "^[0-9]{1,12}$"}},
+            {"name": "after", "in": "query", "required": False,
+             "description": "resume a keyed NDJSON stream after this many events",
+             "schema": {"type": "string", "pattern": "^[0-9]{1,12}$"}},
         ],
         "requestBody": {"required": True, "content": {JSON: {
             "schema": {"$ref": "#/components/schemas/Request"},
             "examples": REQUEST_EXAMPLES}}},
         "responses": responses,
+    }
+
+
+def _streamed() -> JsonObject:
+    """A streamed answer's media types (`api.stream`): their bodies are events."""
+    return {
+        "text/event-stream": {"schema": {
+            "type": "string", "description": "Server-Sent Events: `id: <n>` (its number in "
+            "the stream, 0, 1, 2, ... in the order sent) and `data: <StreamEvent>` each"}},
+        "application/x-ndjson": {"schema": {
+            "type": "string", "description": "one StreamEvent a line; a line's number is "
+            "the event's"}},
     }
 
 
@@ -217,7 +244,8 @@ def _request(limits: Limits) -> JsonObject:
              "examples": ["default", "default@v1"]}
     return {
         "description": f"exactly one of input and inputs; the body is at most "
-                     f"{limits.max_body_bytes} bytes",
+                     f"{limits.max_body_bytes} bytes (a streamed request's: "
+                     f"--max-stream-inputs inputs, --max-stream-body-bytes)",
         "oneOf": [
             json_object({"input": text, "model": model}, ["input"], exclude="inputs"),
             json_object({"inputs": {"type": "array", "items": text, "minItems": 1,

@@ -71,6 +71,23 @@ def json_object(props: JsonObject, required: list[str] | None = None,
     return out
 
 
+def stream_event_schema() -> JsonObject:
+    """One event of a streamed answer (`api.stream.events`)."""
+    error = json_object({"code": string(), "message": string(), "guard": string(),
+                         "reason": string()}, ["code", "message"])
+    index = {"type": "integer", "minimum": 0, "description": "the input's place in the request"}
+    counts = json_object({"outputs": {"type": "integer"}, "errors": {"type": "integer"}},
+                         ["outputs", "errors"])
+    return {"oneOf": [
+        json_object({"index": index, "output": string(),
+                     "guard_skipped": {"type": "array", "items": string()}},
+                    ["index", "output"]),
+        json_object({"index": index, "error": error}, ["index", "error"]),
+        json_object({"done": {"const": True}, "id": string(), "model": string(),
+                     "counts": counts}, ["done", "id", "model", "counts"]),
+    ]}
+
+
 def string() -> JsonObject:
     return {"type": "string"}
 
@@ -80,4 +97,5 @@ def header_ref(name: str) -> JsonObject:
 
 
 __all__ = ["ADMIN_ONLY", "ERROR_REF", "JSON", "JsonObject", "error_answer", "error_schema",
-           "header_ref", "json_object", "operation", "refusals_schema", "string"]
+           "header_ref", "json_object", "operation", "refusals_schema", "stream_event_schema",
+           "string"]

@@ -11,7 +11,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -25,6 +25,7 @@ from api.http.calls import StatusCall
 from api.http.collation import QUIET, ClientWatch
 from api.http.fastpath import HttpCall, JsonAnswer
 from api.http.jobs import Answered, Job, Outcome, answer_body, answer_id, guarded_answer
+from api.http.media import Framing, framing_of
 from api.http.parsing import Limits, parse_body, parse_timeout
 from api.metrics import Metrics, pool_capacity
 from batcher.tracing import SAMPLED, Tracing, parse_traceparent, request_context
@@ -64,6 +65,10 @@ class Routes:
         self.access_log = AccessLog.of(settings)
         s = settings
         self.limits = Limits(s.max_inputs, s.max_input_chars, s.max_body_bytes)
+        # The streamed way (`api.stream.StreamRoute`), given by whoever builds the routes;
+        # None: a request that asks for a stream gets the JSON answer.
+        self.streamed: Callable[[HttpCall, Principal, Framing], Awaitable[Response]] | None \
+            = None
 
     def reload_keys(self) -> None:
         """SIGHUP: read the keys file again. A file that fails to load leaves the keys as
@@ -87,6 +92,10 @@ class Routes:
         try:
             principal = self.keys.identify(request.headers.get("authorization"))
             tier = principal.tier.label
+            if self.streamed is not None:
+                framing = framing_of(request.headers.get("accept"))
+                if framing is not None:  # it answers, counts and logs itself
+                    return await self.streamed(request, principal, framing)
             job = await self._job(request, principal)
             model = job.model or ""
             outcome = await self.core.run(job, request)
@@ -135,9 +144,10 @@ class Routes:
         return key
 
     def job_of(self, principal: Principal, headers: Mapping[str, str], body: bytes,
-               key: str | None) -> Job:
-        """The job of a request whose head passed `check_head` and whose body is read."""
-        parsed = parse_body(body, self.limits)
+               key: str | None, limits: Limits | None = None) -> Job:
+        """The job of a request whose head passed `check_head` and whose body is read
+        (`limits`: a streamed request's; None: the plain route's)."""
+        parsed = parse_body(body, limits or self.limits)
         timeout = parse_timeout(
             headers.get("x-request-timeout-ms"),
             self.keys.tiers[principal.tier].timeout_ms / 1000,

@@ -26,6 +26,7 @@ SCALE_EVENTS = (("up", "demand"), ("up", "queue"), ("up", "floor"),
 """The (direction, reason) pairs `batchgate_scale_events_total` shows from start-up, at zero:
 the scaler's reasons (`failover.fleet`), written out because a gateway never loads the
 core. A pair a snapshot brings beyond these gets its series too."""
+NO_ACCOUNT = "anonymous"  # an item of no account: what the keys call ANONYMOUS_ACCOUNT
 UP_STATES = ("ready", "busy", "switching")  # a worker up (one switching versions is one)
 COMING_STATES = ("starting", "pending")  # a worker not up yet (pending: Ray finds no room)
 
@@ -118,6 +119,11 @@ class StatsCollector(Collector):
         yield from self._scaling(s)
         yield _family(CounterMetricFamily, "batch_flush", "Batches cut, by trigger", ["reason"],
                       (((reason,), n) for reason, n in b.flushes.items()))
+        yield _family(CounterMetricFamily, "account_batch_slots",
+                      "Items cut into batches, by tier and account: each account's share",
+                      ["tier", "account"],
+                      (((tier, account or NO_ACCOUNT), n)
+                       for (tier, account), n in b.slots.items()))
         yield from self._busy(s)
         for name, what, value in (
             ("worker_crashes", "Worker processes that died", s.crashes),

@@ -28,6 +28,7 @@ from batcher import FlushReason, Tier, VersionKey
 LATENCY_BUCKETS = (0.05, 0.1, 0.11, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1,
                    2.5, 5, 10, 30)
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 100)
+STREAM_BUCKETS = (0.1, 0.2, 0.5, 1, 1.5, 2, 3, 5, 10, 20, 30, 60, 120)
 LOAD_BUCKETS = (0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600)
 GC_OBSERVE_S = 1.0  # how late a collector pause may reach its histogram (`watch_gc`)
 PAUSE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01,
@@ -104,6 +105,16 @@ class Metrics:
             "Inputs a guard could not answer in time; mode: on_guard_failure (closed "
             "refused the input 503 guard_unavailable, open let it through unguarded)",
             ["guard", "mode"], registry=r)
+        self.stream_first = Histogram(
+            "batchgate_stream_first_event_seconds",
+            "A streamed request's time to its first event", ["tier"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.stream_duration = Histogram(
+            "batchgate_stream_duration_seconds", "A streamed request's time to its last event",
+            ["tier"], buckets=STREAM_BUCKETS, registry=r)
+        self.streams = Counter(
+            "batchgate_streams", "Streamed requests that began; outcome: done, or left (its "
+            "client went first)", ["tier", "outcome"], registry=r)
         self._verdicts: dict[tuple[str, str], Any] = {}  # labelled children, made once
         self._failures: dict[tuple[str, str], Any] = {}
         self._observe_gc: Callable[[], None] = _nothing  # the pauses noted since the last
@@ -135,6 +146,14 @@ class Metrics:
             children = self._request_children(tier, status, model, ran)
         children[0].inc()
         children[1].observe(seconds)
+
+    def stream_done(self, tier: str, first: float | None, seconds: float, done: bool) -> None:
+        """A stream ended: `first`, seconds to its first event (None: none was sent),
+        `seconds` to its end; `done`: it sent its last event (else its client left)."""
+        if first is not None:
+            self.stream_first.labels(tier).observe(first)
+        self.stream_duration.labels(tier).observe(seconds)
+        self.streams.labels(tier, "done" if done else "left").inc()
 
     def queue_waited(self, tier: str, waits: Iterable[float], model: str = "") -> None:
         """Each item's time in its queue; `model`: the version that ran them."""

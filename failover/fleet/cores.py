@@ -129,6 +129,16 @@ class ModelCores:
             return self._stages.admit_all(requests, now, self._draining)
         return self._routing.admit_all(requests, now, self._draining)
 
+    def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
+              deadline_in: float, now: float) -> int:
+        """`DispatchCore.judge` by the core of `version` (None: the first). A version with
+        no worker ready is not judged here: its inputs meet the cold version's refusals
+        (`Routing`) as they are admitted."""
+        core = self._cores.get(version or self.first_version())
+        if core is None or core.ready_count() == 0:
+            return 0
+        return core.judge(version, tier, items, chars, deadline_in, now)
+
     def cancel(self, item: Item) -> bool:
         turn = False
         for held in self._stages.cancel(item) if item.route is not None else (item,):

@@ -140,7 +140,8 @@ class Route:
         deadline = min(source.deadline, now + self.pipeline.timeout_s) if stage.guard else \
             source.deadline
         item = Item(ids(), text, source.tier, source.arrived, deadline, self, source.index,
-                    caller=source.caller, version=version, trace=source.trace)
+                    caller=source.caller, version=version, trace=source.trace,
+                    streamed=source.streamed)
         self.running[item.id] = at, item
         return item
 

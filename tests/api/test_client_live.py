@@ -53,7 +53,9 @@ def queued(srv: RunningServer, tier: str) -> None:
 
 
 def test_a_refused_call_is_retried_after_retry_after_until_admitted() -> None:
-    with running_server(workers=1, args=[*KEYS, "--batch-latency-ms", "1500"]) as srv:
+    # 3 s batches: the refusals below must come before the first batch ends (then "second"
+    # runs, nothing is queued, and "late" is admitted at once), however loaded the machine.
+    with running_server(workers=1, args=[*KEYS, "--batch-latency-ms", "3000"]) as srv:
         # The only worker busy and one paid item queued: admission refuses the free tier
         # (nothing queued ahead would always be admitted).
         occupy = in_background(srv, "paid-demo-key", ["first"])

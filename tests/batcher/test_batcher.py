@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -48,11 +49,23 @@ def items(n: int, tier: Tier = Tier.FREE, deadline: float = 100.0) -> list[Item]
     ]
 
 
+FAIR = [False]  # the queues `batcher` builds share tiers fairly between accounts
+
+
+@pytest.fixture(scope="module", autouse=True, params=[False, True], ids=["fifo", "fair"])
+def fair_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test of the batcher runs with fair share off and on (its items are of one
+    account: the same order either way)."""
+    FAIR[0] = bool(request.param)
+    yield
+    FAIR[0] = False
+
+
 def batcher(
     cap: int = 1000, max_wait: float = 0.05, admission: Admission | None = None
 ) -> Batcher:
     policy = FlushPolicy(max_batch=100, max_wait=max_wait, idle_trigger=False)
-    return Batcher(TierQueues(dict.fromkeys(Tier, cap)), policy, admission)
+    return Batcher(TierQueues(dict.fromkeys(Tier, cap), fair=FAIR[0]), policy, admission)
 
 
 def admission(free_budget: float) -> Admission:

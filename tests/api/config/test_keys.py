@@ -116,3 +116,28 @@ def test_the_shared_limits_name_an_account_less_key_by_hashes_alone(tmp_path: Pa
     keys.write_text('[[keys]]\nkey = "the-real-key"\ntier = "paid"\n')
     names = bucket_names(load_keys(keys).identify("Bearer the-real-key"))
     assert not any("the-real-key" in name for name in names)
+
+
+def test_an_accounts_weight_is_read_once_for_all_its_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nkey = "a1"\ntier = "paid"\naccount = "acme"\nweight = 3\n'
+                    '[[keys]]\nkey = "a2"\ntier = "free"\naccount = "acme"\n'
+                    '[[keys]]\nkey = "b"\ntier = "paid"\naccount = "small"\nweight = 0.5\n'
+                    '[[keys]]\nkey = "c"\ntier = "paid"\naccount = "plain"\n')
+    assert load_keys(keys).weights == {"acme": 3.0, "small": 0.5}  # "plain" weighs 1
+
+
+@pytest.mark.parametrize("weight", ["0", "-1", '"2"', "true", "nan", "inf"])
+def test_a_weight_that_is_no_positive_number_is_refused(tmp_path: Path, weight: str) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[[keys]]\nkey = "k"\ntier = "paid"\naccount = "a"\nweight = {weight}\n')
+    with pytest.raises(KeysFileError, match=r"key entry 1: weight must be a number > 0"):
+        load_keys(keys)
+
+
+def test_two_weights_for_one_account_are_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nkey = "a1"\ntier = "paid"\naccount = "acme"\nweight = 2\n'
+                    '[[keys]]\nkey = "a2"\ntier = "free"\naccount = "acme"\nweight = 3\n')
+    with pytest.raises(KeysFileError, match=r"key entry 2: weight 3 differs .* 'acme'"):
+        load_keys(keys)

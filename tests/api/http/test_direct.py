@@ -100,6 +100,9 @@ async def exchange(data: bytes, answers: int, direct: DirectRoute) -> list[bytes
     (post(b"{}"), b"direct"),
     (post(b"{}", b"Idempotency-Key: k"), b"asgi"),  # may join a leader: it waits in a task
     (post(b"{}", b"Expect: 100-continue"), b"asgi"),  # the interim answer is uvicorn's
+    (post(b"{}", b"Accept: text/event-stream"), b"asgi"),  # a stream: `api.stream`
+    (post(b"{}", b"Accept: application/x-ndjson"), b"asgi"),
+    (post(b"{}", b"Accept: application/json, */*"), b"direct"),
     (post(b"x" * (LIMIT + 1)), b"asgi"),  # over the limit: refused there, as it arrives
     (post(b"{}", version=b"1.0"), b"asgi"),
     (post(b"{}", path=b"/v1/batchstring?x=1"), b"asgi"),
