@@ -22,13 +22,9 @@ from batcher import (
     Tier,
     TierQueues,
 )
+from tests.batcher.test_streamed import Sink
 
 _ids = itertools.count()
-
-
-class Sink:
-    def item_done(self, item: Item, result: str | BaseException) -> None:
-        raise AssertionError("the batcher answers nothing")
 
 
 def items(n: int, caller: str, text: str = "x" * 10, tier: Tier = Tier.PAID) -> list[Item]:

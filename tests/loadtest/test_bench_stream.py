@@ -17,14 +17,13 @@ from loadtest.bench_stream import (
     A_KEY,
     B_KEY,
     arrivals,
-    check_events,
     command,
-    inputs,
     main,
     quantiles_ms,
     share_left,
     two_account_keys,
 )
+from loadtest.streams import check_events, inputs
 
 TEXTS = inputs(5)
 
