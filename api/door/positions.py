@@ -64,7 +64,8 @@ class PartsSkipped:
 class Promised:
     """The inputs each running stream has yet to send, by its mark (`Job.stream`): a stream
     that starts is judged with them ahead of it (`api.door.StreamStart`), as the queue's
-    own items are. An entry ends at its stream's deadline, or once all of it was sent."""
+    own items are. An entry ends once all of it was sent, when its stream ends (`forget`),
+    or at its stream's deadline (a gateway that died never says)."""
 
     def __init__(self) -> None:
         # mark -> [version, tier, inputs, characters, deadline]
@@ -85,6 +86,10 @@ class Promised:
             left[3] -= sum(len(item.text) for item in items)
             if left[2] <= 0:
                 del self._left[stream]
+
+    def forget(self, stream: str) -> None:
+        """`stream` ended (sent all, or its client left): what it did not send never comes."""
+        self._left.pop(stream, None)
 
     def ahead(self, version: str, tier: int, now: float, but: str = "") -> tuple[int, int]:
         """(inputs, characters) the streams of `version` in `tier` or above have yet to

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from api.door.models import ModelsAdmin
-from api.http import StatusCall, StatusHandler, StatusTable
+from api.http import StatusCall, StatusTable
 from api.metrics import Metrics
 from failover.fleet import CapacityGauges
 from gpu_pool import WorkerInfo
@@ -34,12 +34,21 @@ class Running(Protocol):
     def capacity(self) -> CapacityGauges | None: ...
 
 
+class StreamCalls(Protocol):
+    """A streamed request's start (called) and end (`api.door.StreamStart`)."""
+
+    async def __call__(self, *args: Any) -> Any: ...
+
+    async def ended(self, stream: str) -> None: ...
+
+
 class StatusView:
     def __init__(self, service: Running, ready_count: Callable[[], int], metrics: Metrics,
                  cell: Callable[[], dict[str, Any]] | None = None,
                  models: ModelsAdmin | None = None,
-                 stream: StatusHandler | None = None) -> None:
-        """`stream`: the door's start of a streamed request (`api.door.StreamStart`)."""
+                 stream: StreamCalls | None = None) -> None:
+        """`stream`: the door's start and end of a streamed request
+        (`api.door.StreamStart`)."""
         self._service, self._ready_count = service, ready_count
         self._metrics, self._cell, self._models = metrics, cell, models
         self.table: StatusTable = {
@@ -48,7 +57,8 @@ class StatusView:
             StatusCall.CELL: self.cell, StatusCall.METRICS_TEXT: self.metrics_text,
         }
         if stream is not None:
-            self.table = {**self.table, StatusCall.STREAM: stream}
+            self.table = {**self.table, StatusCall.STREAM: stream,
+                          StatusCall.STREAM_END: stream.ended}
 
     async def ready(self) -> dict[str, object]:
         """Ready while some model can serve (`Service.ready`); each version's state beside

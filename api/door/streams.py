@@ -40,5 +40,10 @@ class StreamStart:
         door.promised.promise(stream, version or "", tier, items, chars, now + seconds)
         return ("ok", version or "", workers)
 
+    async def ended(self, stream: str) -> None:
+        """`StatusCall.STREAM_END`: the stream marked `stream` ended (done, or its client
+        left): what it did not send is no longer ahead of the streams that start."""
+        self.door.promised.forget(stream)
+
 
 __all__ = ["StreamStart"]

@@ -27,6 +27,7 @@ class StatusCall(enum.Enum):
     # workers)
     # or ("no", status, body, headers): a streamed request's start (`api.door.StreamStart`)
     STREAM = "stream"
+    STREAM_END = "stream_end"  # (stream) -> None: it ended (`api.door.StreamStart.ended`)
 
     @classmethod
     def named(cls, name: str) -> StatusCall:

@@ -9,6 +9,8 @@ JSON answers; once the head of a stream is sent, whatever happens to an input is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -85,12 +87,26 @@ class StreamRoute:
         return StreamResponse(run, framing, lambda: self._ended(run, principal, began))
 
     def _ended(self, run: StreamRun, principal: Principal, began: float) -> None:
-        """A stream's figures, once it is over: as any request's, and its own."""
+        """A stream is over: the door forgets what it did not send, and its figures are
+        counted, as any request's and its own."""
+        mark = run.mark
+        if mark:
+            task = asyncio.get_running_loop().create_task(self._forgotten(mark))
+            _TELLING.add(task)
+            task.add_done_callback(_TELLING.discard)
         routes, tier = self.routes, principal.tier.label
         elapsed = time.perf_counter() - began
         routes.record_later(tier, 200, elapsed, (), run.model)
         first = None if run.first_sent is None else run.first_sent - began
         routes.metrics.stream_done(tier, first, elapsed, run.finished)
+
+
+    async def _forgotten(self, mark: str) -> None:
+        with contextlib.suppress(Exception):  # a core gone forgets by itself (deadline)
+            await self.routes.core.status(StatusCall.STREAM_END, mark)
+
+
+_TELLING: set[asyncio.Task[None]] = set()  # the ends being told to the door
 
 
 def resume_point(framing: Framing, last_event_id: str | None, query: bytes) -> int:

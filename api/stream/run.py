@@ -70,6 +70,7 @@ class StreamRun:
         self._seq = 0  # the number of the next event, in order
         self.outputs = self.errors = 0
         self.model = job.model or ""
+        self.mark = job.stream or ""  # what the door knows it by
         self.first_sent: float | None = None  # when the first event went out
         self.left = False
         self.finished = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,27 @@ def test_a_streamed_guarded_request_gets_each_verdict_as_an_event_of_its_input(
     assert events[3]["counts"] == {"outputs": 1, "errors": 2}
     assert expected(LEAKS) not in r.text  # a refused output never leaves
     assert sorted(ran(tmp_path)) == sorted(["a", LEAKS])  # the refused input never ran
+
+
+def test_a_stream_whose_client_left_is_no_longer_ahead_of_the_streams_that_start(
+        gateways: int) -> None:
+    long = {**NDJSON, "X-Request-Timeout-Ms": "6000"}  # 10,000 inputs: 5 s on 2 workers
+    texts = [f"s-{i}" for i in range(10_000)]
+    with running_server(2, "sim", ["--keys", str(EXAMPLE_KEYS)]) as server, \
+            httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/batchstring", json={"inputs": texts},
+                           headers=long) as first:
+            assert first.status_code == 200
+            # While it runs, another would wait for the ~10,000 inputs it has yet to send.
+            ahead = client.post("/v1/batchstring", json={"inputs": texts}, headers=long)
+        assert ahead.status_code == 503
+        assert ahead.json()["error"]["code"] == "deadline_unreachable"
+        codes = []
+        until = time.monotonic() + 10  # its client left: until the door hears it, bounded
+        while time.monotonic() < until:
+            again = client.post("/v1/batchstring", json={"inputs": texts}, headers=long)
+            codes.append(again.status_code)
+            if again.status_code == 200:
+                break
+    assert codes[-1] == 200, codes[-5:]
+    assert json.loads(again.text.splitlines()[-1])["counts"] == {"outputs": 10_000, "errors": 0}

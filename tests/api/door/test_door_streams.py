@@ -85,6 +85,9 @@ async def test_a_stream_starts_once_its_rate_and_all_its_work_within_its_deadlin
         roomy.promised.sent("first", [item for i in range(40) for item in roomy.new_items(
             ["x"] * 25, Tier.PAID, 0.0, 10.0, Waiter(25))])  # sent: the queue's (not here)
         assert await opened(roomy, 1000, 1.0, "second") == ("ok", "", 2)
+        assert (await opened(roomy, 1000, 1.0, "third"))[:2] == ("no", 503)  # second's
+        await StreamStart(roomy).ended("second")  # its client left: the rest never comes
+        assert await opened(roomy, 1000, 1.0, "third") == ("ok", "", 2)
         tg.cancel_scope.cancel()
 
 
