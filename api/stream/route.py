@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from api.http import (
     ReceiveWatch,
     Routes,
     StatusCall,
+    hot,
     read_body,
 )
 from api.stream.run import StreamRun
@@ -97,6 +99,10 @@ class StreamRoute:
         routes, tier = self.routes, principal.tier.label
         elapsed = time.perf_counter() - began
         routes.record_later(tier, 200, elapsed, (), run.model)
+        if routes.access_log is not None:  # one line, as any request's: 499 if it was left
+            served = hot(principal, elapsed, rid=run.answer_id,
+                         code=None if run.finished else "client_closed")
+            routes.access_log.put(dataclasses.replace(served, model=run.model or None))
         first = None if run.first_sent is None else run.first_sent - began
         routes.metrics.stream_done(tier, first, elapsed, run.finished)
 

@@ -71,6 +71,7 @@ class StreamRun:
         self.outputs = self.errors = 0
         self.model = job.model or ""
         self.mark = job.stream or ""  # what the door knows it by
+        self.answer_id: str | None = None  # its `done` event's id, once sent
         self.first_sent: float | None = None  # when the first event went out
         self.left = False
         self.finished = False
@@ -192,7 +193,8 @@ class StreamRun:
         out = [self._framed(self._held[at], at) for at in sorted(self._held)]
         out += [self._framed(part) for part in self._loose]
         self._held, self._loose = {}, []
-        done = done_event(answer_id(), self.model, self.outputs, self.errors)
+        self.answer_id = answer_id()
+        done = done_event(self.answer_id, self.model, self.outputs, self.errors)
         out.append(self._framing.frame(self._seq, done) if self._seq >= self._after else b"")
         return b"".join(out)
 

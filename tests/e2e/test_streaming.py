@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from loadtest.server import RunningServer, fetch_metrics, metric, running_server
-from tests.e2e.helpers import EXAMPLE_KEYS, PAID, metric_reaches
+from tests.e2e.helpers import EXAMPLE_KEYS, PAID, logged, metric_reaches
 from tests.e2e.test_guards import LEAKS
 from tests.e2e.test_guards import serve as guarded
 from tests.models_logged import LOG_VARIABLE, expected
@@ -175,3 +175,27 @@ def test_a_stream_whose_client_left_is_no_longer_ahead_of_the_streams_that_start
                 break
     assert codes[-1] == 200, codes[-5:]
     assert json.loads(again.text.splitlines()[-1])["counts"] == {"outputs": 10_000, "errors": 0}
+
+
+def test_a_stream_has_one_access_log_line_and_one_left_by_its_client_says_499(
+        gateways: int, tmp_path: Path) -> None:
+    with running_server(2, "sim", ["--keys", str(EXAMPLE_KEYS), "--access-log", "json"]
+                        ) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        done = client.post("/v1/batchstring", json={"inputs": ["a", "b", "c"]},
+                           headers=NDJSON)
+        rid = json.loads(done.text.splitlines()[-1])["id"]
+        line = logged(server, rid)
+        with client.stream("POST", "/v1/batchstring", headers=NDJSON,
+                           json={"inputs": [f"x{i}" for i in range(5000)]}) as left:
+            assert left.status_code == 200
+        until = time.monotonic() + 10  # written once the server heard it go, bounded
+        while '"code":"client_closed"' not in server.log_path.read_text() \
+                and time.monotonic() < until:
+            time.sleep(0.01)
+        written = server.log_path.read_text()
+    assert {k: line[k] for k in ("status", "path", "tier", "model", "code")} == {
+        "status": 200, "path": "/v1/batchstring", "tier": "paid", "model": "default@v1",
+        "code": None}
+    gone = [json.loads(text) for text in written.splitlines()
+            if '"code":"client_closed"' in text]
+    assert [(g["status"], g["id"]) for g in gone] == [(499, None)]
