@@ -69,6 +69,12 @@ async def next_chunk(events: AsyncIterator[bytes]) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in (await anext(events)).splitlines()]
 
 
+async def read_all(run_: StreamRun, got: list[dict[str, Any]]) -> None:
+    """Read `run_` to its end, its events into `got`."""
+    async for chunk in run_.events():
+        got.extend(orjson.loads(line) for line in chunk.splitlines())
+
+
 def run(test: Callable[[], Any]) -> None:
     asyncio.run(test())
 
@@ -101,12 +107,7 @@ def test_every_input_is_answered_once_and_done_counts_them() -> None:
         core = PartCore()
         run_ = stream(core, 60)
         got: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            async for chunk in run_.events():
-                got.extend(orjson.loads(line) for line in chunk.splitlines())
-
-        reader = asyncio.ensure_future(read())
+        reader = asyncio.ensure_future(read_all(run_, got))
         await settle()
         core.answer(2)
         answer = core.parts[0][1]
@@ -193,12 +194,7 @@ def test_parts_not_sent_by_the_deadline_are_answered_deadline_exceeded_unrun() -
         core = PartCore()
         run_ = stream(core, 100, window=50, clock=lambda: now[0], timeout=1.0)
         got: list[dict[str, Any]] = []
-
-        async def read() -> None:
-            async for chunk in run_.events():
-                got.extend(orjson.loads(line) for line in chunk.splitlines())
-
-        reader = asyncio.ensure_future(read())
+        reader = asyncio.ensure_future(read_all(run_, got))
         await settle()
         assert [job.timeout for job, _ in core.parts] == [1.0, 1.0]
         now[0] = 2.0  # past the deadline before the window had room for the rest
