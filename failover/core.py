@@ -234,12 +234,10 @@ class DispatchCore:
         asked for (None: its own)."""
         return None
 
-    def move_in(self, item: Item, now: float) -> bool:
-        """Queue an input an earlier stage passed on (`Batcher.move_in`); whether the owner
-        must take a turn, as for `admit`."""
-        was_empty = len(self._batcher) == 0
+    def move_in(self, item: Item, now: float) -> None:
+        """Queue an input an earlier stage passed on (`Batcher.move_in`), in a turn: the
+        caller pumps this core once the turn's inputs are in."""
         self._batcher.move_in(item, now)
-        return self._must_turn(was_empty, now)
 
     def cancel(self, item: Item) -> bool:
         """The waiter gave up: never run this item (O(1)). True when the owner must take a
@@ -315,6 +313,10 @@ class DispatchCore:
             self._hangs += 1
             out.kill.append(worker)
         return self._pump(now, out)
+
+    def place(self, now: float) -> CoreActions:
+        """Nothing to place: one version's core serves whatever its workers hold."""
+        return CoreActions()
 
     def stalled(self, seconds: float) -> None:
         """The owner's loop stood still for `seconds`: no batch is judged hung for it."""

@@ -4,7 +4,8 @@ The pool reports its events here (they are queued, never handled inside the pool
 callback); the front door admits and cancels items through here. Each turn hands every
 queued event to the core with one reading of the clock, then performs the actions in the
 core's order: batches out to workers first, then kills, then answers to waiters. Between
-turns it sleeps until an event arrives or the core's next deadline passes. Nothing calls
+turns it sleeps until an event arrives or the core's next deadline passes. Placement looks
+last, once the front door has written the answers the turn settled (`after_turns`). Nothing calls
 back into the core, so no decision ever runs inside another.
 
 A wake much later than asked for means the owner's own loop stood still (the process was
@@ -70,6 +71,8 @@ class Core(Protocol):
                     restart: StartId | None = None) -> CoreActions: ...
 
     def poll(self, now: float) -> CoreActions: ...
+
+    def place(self, now: float) -> CoreActions: ...
 
     def stalled(self, seconds: float) -> None: ...
 
@@ -174,6 +177,7 @@ class CoreOwner:
         self._wake = anyio.Event()
         self._finished = anyio.Event()
         self._turned_at = -math.inf  # the clock at the start of the last turn
+        self._turn_over: tuple[Callable[[], None], ...] = ()  # replaced, never changed
 
     # -- the pool's events: queued for the next turn ---------------------------------------
     def worker_ready(self, worker: WorkerId, start: StartId, version: VersionKey,
@@ -233,6 +237,17 @@ class CoreOwner:
         self._post(_Change(apply))
         self._turn()
         self._wake.set()  # the loop asks the core again when it next needs waking
+
+    def after_turns(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` at the end of every turn, once its batches are out and its items
+        settled, before placement looks: a front door writes the answers a batch settled
+        in the same pass of the loop, not the next. Returns what takes it off again."""
+        self._turn_over += (callback,)
+
+        def off() -> None:
+            self._turn_over = tuple(c for c in self._turn_over if c is not callback)
+
+        return off
 
     def drain(self) -> None:
         """Stop admitting; `run` returns once everything queued and in flight is answered."""
@@ -309,6 +324,9 @@ class CoreOwner:
                 event.apply(now)
         actions.extend(core.poll(now))
         self._perform(actions)
+        for turn_over in self._turn_over:
+            turn_over()
+        self._perform(core.place(now))
 
     def _perform(self, actions: CoreActions) -> None:
         observer = self._observer

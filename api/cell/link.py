@@ -77,6 +77,7 @@ class _GatewayConnection(Framed):
         self._starting: set[int] = set()  # keyed jobs not yet waiting (or never: replays)
         self._gone: set[int] = set()  # of those, the ones whose client already left
         self._ended = TurnEnds[_LinkJob](self._conclude)
+        self._off = door.core.after_turns(self._ended.flush)  # answers framed in the turn
         self._deadlines = Deadlines(DEADLINE_SLOT_S)
         self._principals: dict[tuple[int, str, str | None], Principal] = {}
 
@@ -216,6 +217,7 @@ class _GatewayConnection(Framed):
     def connection_lost(self, exc: Exception | None) -> None:
         """The gateway is gone: its clients are too. Withdraw what has not run."""
         self.transport = None
+        self._off()
         live, self._live = self._live, {}
         for collation in live.values():
             collation.leave()

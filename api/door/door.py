@@ -3,8 +3,7 @@
 Rate limits, idempotency and admission are global decisions, so they are made where the
 dispatch core runs: in a single process the direct way (`api.door.local`) and the routes
 (`Door.run`) come here; in a cell (`--gateways K`) each gateway sends its jobs over the
-link and the core process runs them here (`api.cell.link`). A gateway does only what needs
-no shared state: HTTP, JSON, keys, validation.
+link and the core process runs them here (`api.cell.link`); gateways do HTTP, JSON, keys.
 
 Requests come in a frame at a time (a gateway's frame, or a request alone: a frame of one)
 and take one path: the frame's checks go to the rate step (`RateStep`: this cell's own
@@ -64,6 +63,7 @@ class Core(Protocol):
                   ) -> list[BatchgateError | None]: ...
 
     def cancel(self, item: Item) -> None: ...
+    def after_turns(self, callback: Callable[[], None]) -> Callable[[], None]: ...
 
     def judge(self, version: VersionKey | None, tier: Tier, items: int, chars: int,
               deadline_in: float) -> int:

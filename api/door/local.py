@@ -37,6 +37,7 @@ class LocalRoute(DirectRoute):
         self.door = door
         self._deadlines = Deadlines()
         self._ended = TurnEnds[DirectCall](self._conclude)
+        door.core.after_turns(self._ended.flush)  # a batch's answers leave in its turn
 
     def admit(self, call: DirectCall, job: Job) -> None:
         n = len(job.texts)

@@ -162,19 +162,29 @@ class TurnEnds(Generic[E]):
     together once the turn is over: a batch answers a hundred requests at once, and they are
     concluded with one reading of the clock, and written or framed together."""
 
-    __slots__ = ("_conclude", "_ended")
+    __slots__ = ("_conclude", "_ended", "_flushing")
 
     def __init__(self, conclude: Callable[[list[E]], None]) -> None:
         self._conclude = conclude
         self._ended: list[E] = []
+        self._flushing: asyncio.Handle | None = None
 
     def add(self, ended: E) -> None:
         if not self._ended:
-            asyncio.get_running_loop().call_soon(self._flush, context=QUIET)
+            self._flushing = asyncio.get_running_loop().call_soon(self._flush, context=QUIET)
         self._ended.append(ended)
 
+    def flush(self) -> None:
+        """Conclude what ended so far now: the owner's turn is over (`CoreOwner.after_turns`),
+        and the loop pass `add` waits for would only put the answers behind whatever else
+        is ready (about 0.3 ms a batch in the guard benchmark)."""
+        if self._ended:
+            assert self._flushing is not None
+            self._flushing.cancel()
+            self._flush()
+
     def _flush(self) -> None:
-        ended, self._ended = self._ended, []
+        ended, self._ended, self._flushing = self._ended, [], None
         self._conclude(ended)
 
 
