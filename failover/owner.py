@@ -4,9 +4,10 @@ The pool reports its events here (they are queued, never handled inside the pool
 callback); the front door admits and cancels items through here. Each turn hands every
 queued event to the core with one reading of the clock, then performs the actions in the
 core's order: batches out to workers first, then kills, then answers to waiters. Between
-turns it sleeps until an event arrives or the core's next deadline passes. Placement looks
-last, once the front door has written the answers the turn settled (`after_turns`). Nothing calls
-back into the core, so no decision ever runs inside another.
+turns it sleeps until an event arrives or the core's next deadline passes. Nothing calls
+back into the core, so no decision ever runs inside another: the front door writes the
+answers a turn settled once its actions are carried out (`after_turns`), and placement looks
+last.
 
 A wake much later than asked for means the owner's own loop stood still (the process was
 stopped, a long pause): the core is told, so that no batch is judged hung for time its

@@ -311,6 +311,31 @@ def test_a_reply_with_work_queued_sends_the_next_batch_before_settling_the_finis
     assert_each_answered_once_with_its_output(rig)
 
 
+def test_a_turns_end_is_told_once_its_batches_are_out_and_its_items_settled() -> None:
+    async def scenario(rig: Rig) -> None:
+        def told() -> None:
+            rig.log.append(Call(rig.clock.now(), "turn_over", None))
+
+        off = rig.owner.after_turns(told)
+        rig.request(100)  # FULL at t=0
+        await anyio.sleep(0.01)
+        rig.request(30)  # sent in the turn of the first batch's reply
+        await rig.pool.wait_calls("send", 2)  # that turn is over
+        off()  # the second batch's reply comes in a turn that is not told
+        await rig.finish()
+
+    rig = play(scenario, workers=1)
+    first, second = texts(rig.items[:100]), texts(rig.items[100:])
+    (send_second,) = rig.index("send", second)
+    over = [n for n, c in enumerate(rig.log) if c.kind == "turn_over"]
+    # The reply's turn: the next batch out, the finished one settled, then the turn's end.
+    after_reply = [n for n in over if n > max(rig.index("settle", first))]
+    assert after_reply and send_second < max(rig.index("settle", first)) < after_reply[0]
+    assert rig.log[after_reply[0]].at == rig.calls("reply")[0].at
+    assert max(over) < min(rig.index("settle", second))  # none after `off`
+    assert_each_answered_once_with_its_output(rig)
+
+
 def test_the_observer_sees_no_idle_gap_for_a_batch_cut_at_its_workers_reply() -> None:
     rig = play(full_batch_then_a_queued_one, workers=1)
     assert rig.observer.sent == [(100, FlushReason.FULL, None), (30, FlushReason.TIMEOUT, 0.0)]

@@ -5,7 +5,7 @@ import anyio
 import pytest
 
 from api.errors import ApiError
-from api.http import Collation, Deadlines, Limits, parse_body, parse_timeout
+from api.http import Collation, Deadlines, Limits, TurnEnds, parse_body, parse_timeout
 
 LIMITS = Limits(max_inputs=100, max_input_chars=10, max_body_bytes=1000)
 
@@ -115,3 +115,18 @@ async def test_clearing_deadlines_cancels_every_timer() -> None:
     timers = [due.timer for due in deadlines._slots.values()]
     deadlines.clear()
     assert len(deadlines) == 0 and all(timer.cancelled() for timer in timers)
+
+
+@pytest.mark.anyio
+async def test_turn_ends_flushed_at_a_turns_end_are_concluded_then_and_once() -> None:
+    concluded: list[list[str]] = []
+    ends = TurnEnds[str](concluded.append)
+    ends.add("a")
+    ends.add("b")
+    assert concluded == []  # a loop pass later, unless flushed
+    ends.flush()
+    assert concluded == [["a", "b"]]
+    ends.flush()  # nothing more ended: nothing concluded
+    ends.add("c")  # ended outside a turn (a timer, a hang-up): the loop's pass concludes it
+    await anyio.wait_all_tasks_blocked()
+    assert concluded == [["a", "b"], ["c"]]
