@@ -1,3 +1,4 @@
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,16 @@ def test_gpus_are_asked_of_torch_only_when_not_given() -> None:
     assert with_gpus(settings(["--gpus", "2"])).gpus == 2
     assert with_gpus(settings(["--model", "sim"])).gpus == 0  # sim needs no GPU
     assert with_gpus(settings(["--pool", "ray"])).gpus == 0  # actors find their own
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
+def test_a_signal_more_while_a_stopped_server_exits_leaves_its_status(name: str) -> None:
+    """Once a stop by a signal is said, the process ends with 128 + the signal, even if
+    the signal comes again on its way out (it died of SIGINT after the line, now and then)."""
+    script = ("import signal, sys\nfrom api.cli import interrupted\n"
+              f"code = interrupted(signal.{name})\nsignal.raise_signal(signal.{name})\n"
+              "sys.exit(code)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (128 + getattr(signal, name),
+                                              f"batchgate: stopped by {name}\n")
