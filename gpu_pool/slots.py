@@ -284,15 +284,20 @@ class Slots(Generic[S]):
     ) -> None:
         """Call `start` for every slot at once, then again for each slot handed to
         `restart`, after its backoff (a leaving slot's at once: `start` lets it go); never
-        once stopping. Runs until cancelled, with every `start` in flight."""
-        async with anyio.create_task_group() as tg, self._restart_recv:
-            self._running = True  # a slot added from now on is handed over by `add`
-            for slot in list(self._slots):
-                tg.start_soon(self._start_after, start, slot, 0.0)
-            task_status.started()
-            async for slot, at_once in self._restart_recv:
-                delay = 0.0 if at_once else self.backoff.delay(slot.failures)
-                tg.start_soon(self._start_after, start, slot, delay)
+        once stopping. Runs until cancelled, with every `start` in flight; once over, the
+        slots are stopping (a death reported after it, as a pool torn down without `stop`
+        sees, is no restart to hand over)."""
+        try:
+            async with anyio.create_task_group() as tg, self._restart_recv:
+                self._running = True  # a slot added from now on is handed over by `add`
+                for slot in list(self._slots):
+                    tg.start_soon(self._start_after, start, slot, 0.0)
+                task_status.started()
+                async for slot, at_once in self._restart_recv:
+                    delay = 0.0 if at_once else self.backoff.delay(slot.failures)
+                    tg.start_soon(self._start_after, start, slot, delay)
+        finally:
+            self._stopping = True
 
     async def _start_after(
         self, start: Callable[[S], Coroutine[Any, Any, None]], slot: S, delay: float

@@ -267,6 +267,29 @@ def test_a_restart_due_after_stop_never_starts() -> None:
     assert run_virtual(main) == 1
 
 
+def test_a_death_reported_after_the_starts_ended_is_no_restart() -> None:
+    """A pool torn down without `stop` (its task group cancelled) may still hear a worker's
+    exit: nothing is left to start it, and the report must not raise into the loop."""
+
+    async def main() -> tuple[bool, int]:
+        slots = make(count=1)
+
+        async def start(slot: Slot) -> None:
+            slots.begin(slot)
+            slots.mark_ready(slot, "cpu")
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(slots.keep_started, start)
+            await anyio.sleep(1)  # virtual: the first start has run
+            tg.cancel_scope.cancel()
+        slot = slots[0]
+        slots.mark_dead(slot, slot.worker)
+        slots.restart(slot)  # raised BrokenResourceError before
+        return slots.stopping, slot.restarts
+
+    assert run_virtual(main) == (True, 0)
+
+
 def test_a_forgiven_death_counts_no_failure_and_shortens_the_wait_under_way() -> None:
     """Deaths pinned on a convicted input are taken back: the slot's next start comes after
     the backoff its own failures earn, even when the restart was already waiting."""
