@@ -52,7 +52,10 @@ class TrafficClass:
 
 @dataclass(frozen=True, slots=True)
 class ProbeConfig:
-    """What to offer. `connections=None` sizes the pool to rps x expected latency x 2."""
+    """What to offer. `connections=None` opens rps x expected latency x 2 connections at the
+    start and more whenever a request finds none free, up to `max_connections`: answers
+    slower than expected must not turn the open-loop load into a queue in the client. A
+    number given is the pool, fixed."""
 
     url: str = "http://127.0.0.1:8000"
     rps: float = 100.0
@@ -80,10 +83,16 @@ class ProbeConfig:
             raise ValueError("connections and max_in_flight must be >= 1")
 
     def pool_size(self) -> int:
+        """The connections opened before the first send."""
         if self.connections is not None:
             return self.connections
         need = math.ceil(self.rps * self.expected_latency_s * 2)
         return max(8, min(need, self.max_connections))
+
+    def pool_cap(self) -> int:
+        """The most connections open at once."""
+        return self.connections if self.connections is not None else max(
+            self.pool_size(), self.max_connections)
 
 
 class _Req:
@@ -196,7 +205,7 @@ class _Probe:
         self.waiters: deque[_Req] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         self.all_conns: set[_Conn] = set()
-        self.cap, self.open, self.peak = cfg.pool_size(), 0, 0
+        self.cap, self.open, self.peak = cfg.pool_cap(), 0, 0
         self.outstanding = self.shed = self.conn_waits = 0
         self.first_ok = self.last_ok = 0.0
         self.scheduled_all = self.finished = False
@@ -217,7 +226,7 @@ class _Probe:
         return self._result(n, self.loop.time() - self.t0)
 
     async def _preconnect(self) -> None:
-        for _ in range(self.cap):
+        for _ in range(self.cfg.pool_size()):
             self._spawn_open()
         if self.tasks:
             await asyncio.wait(set(self.tasks), timeout=min(5.0, self.cfg.timeout_s))

@@ -165,3 +165,12 @@ def test_the_real_server_answers_every_request_correctly() -> None:
     assert (r.wrong, r.lost) == (0, 0)
     assert r.latency.p50 >= 0.1  # the sim model's fixed batch latency
     assert batches >= 1
+
+
+def test_answers_slower_than_expected_open_more_connections_not_a_queue_in_the_client() -> None:
+    # 8 connections to start (100/s x 10 ms x 2, at least 8), answers taking 150 ms: the
+    # 15 in flight at once each get one (a pool held at 8 would queue them in the client).
+    r = probe(FakeServer(delay=0.15), rps=100, duration_s=0.5, arrival="fixed",
+              expected_latency_s=0.01)
+    assert r.ok == 50
+    assert r.connections >= 14

@@ -3,10 +3,13 @@ killed mid-batch, a whole worker node lost and one added back, and the real mode
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
@@ -18,105 +21,117 @@ from loadtest.server import (
     ServerError,
     fetch_metrics,
     metric,
-    parse_metrics,
     running_server,
     start_server,
 )
 from tests.e2e.helpers import patient_keys
 from tests.e2e.test_minilm import CASES
-from tests.ray.lab import Lab, in_state, kill_actor, up, wait_workers
+from tests.ray.lab import Lab, Worker, in_state, kill_actor, up, wait_workers
 
-pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+pytestmark = pytest.mark.e2e
 PAID = (TrafficClass.bearer("paid", "paid-demo-key"),)
 SLOW_BATCHES = ["--batch-latency-ms", "300"]  # a batch long enough to be caught running
 
 
-async def offer(url: str, rps: float, seconds: float, out: list[ProbeResult]) -> None:
-    """Open-loop load; every answer is checked (each input unique, reversed)."""
-    out.append(await run_probe(ProbeConfig(url, rps, seconds, classes=PAID, timeout_s=10)))
+@contextlib.contextmanager
+def load_beside(url: str, rps: float, seconds: float) -> Iterator[list[ProbeResult]]:
+    """Open-loop load in a thread and event loop of its own, never held up by the cluster's
+    steps in this (the main) thread: Ray adds and removes nodes only from there, and a step
+    that blocks for seconds would otherwise stall the load's sends and reads, and its
+    timeouts (counted from each request's scheduled time) would blame the server. Every
+    answer is checked (each input unique, reversed); the result is in the list at exit."""
+    out: list[ProbeResult] = []
+
+    def load() -> None:
+        cfg = ProbeConfig(url, rps, seconds, classes=PAID, timeout_s=10)
+        out.append(anyio.run(run_probe, cfg))
+
+    thread = threading.Thread(target=load, name="load")
+    thread.start()
+    try:
+        yield out
+    finally:
+        thread.join(seconds + 30)
 
 
-def assert_all_answered(r: ProbeResult) -> None:
+def steps(url: str, condition: Callable[[list[Worker]], bool]) -> list[Worker]:
+    """`wait_workers`, from the main thread."""
+    return anyio.run(wait_workers, url, condition)
+
+
+def assert_all_answered(results: list[ProbeResult]) -> None:
+    (r,) = results
     assert r.sent > 0 and r.shed == 0
-    assert (r.ok, r.wrong, r.lost, dict(r.statuses)) == (r.sent, 0, 0, {200: r.sent})
+    assert (r.ok, r.wrong, r.lost, dict(r.statuses)) == (r.sent, 0, 0, {200: r.sent}), r.errors
 
 
-async def test_300_rps_on_four_actors_on_two_nodes_all_answered_correctly(
+def test_300_rps_on_four_actors_on_two_nodes_all_answered_correctly(
     lab: Lab, tmp_path: Path
 ) -> None:
     with running_server(4, "sim", [*lab.serve_args(), *patient_keys(tmp_path)]) as srv:
-        workers = await wait_workers(srv.url, lambda ws: len(up(ws)) == 4)
+        workers = steps(srv.url, lambda ws: len(up(ws)) == 4)
         assert sorted(w["node"] for w in workers) == sorted(lab.worker_nodes() * 2)
-        results: list[ProbeResult] = []
-        await offer(srv.url, 300, 20, results)
-        assert_all_answered(results[0])
+        with load_beside(srv.url, 300, 20) as results:
+            pass
+        assert_all_answered(results)
         assert metric(fetch_metrics(srv.url), "batchgate_worker_crashes_total") == 0
 
 
-async def test_ray_kill_of_a_busy_actor_loses_nothing_and_the_pool_comes_back_to_four(
+def test_ray_kill_of_a_busy_actor_loses_nothing_and_the_pool_comes_back_to_four(
     lab: Lab, tmp_path: Path
 ) -> None:
     # In a cell of two gateways: the pool, and Ray with it, lives in the core process.
     args = [*lab.serve_args(), *patient_keys(tmp_path), *SLOW_BATCHES, "--gateways", "2"]
     with running_server(4, "sim", args) as srv:
-        await wait_workers(srv.url, lambda ws: len(up(ws)) == 4)
-        results: list[ProbeResult] = []
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(offer, srv.url, 300, 8, results)
-            (busy, *_) = in_state(await wait_workers(
-                srv.url, lambda ws: bool(in_state(ws, "busy"))), "busy")
+        steps(srv.url, lambda ws: len(up(ws)) == 4)
+        with load_beside(srv.url, 300, 8) as results:
+            (busy, *_) = in_state(steps(srv.url, lambda ws: bool(in_state(ws, "busy"))), "busy")
             kill_actor(busy["pid"])
-            after = await wait_workers(
+            after = steps(
                 srv.url, lambda ws: len(up(ws)) == 4 and busy["id"] not in {w["id"] for w in ws})
-        assert_all_answered(results[0])
+        assert_all_answered(results)
         assert [w["restarts"] for w in after if w["slot"] == busy["slot"]] == [1]
         m = fetch_metrics(srv.url)
         assert metric(m, "batchgate_worker_crashes_total") == 1
         assert metric(m, "batchgate_batch_reroutes_total") >= 1
 
 
-async def test_a_lost_node_runs_the_pool_on_two_until_a_node_joins_and_loses_nothing(
+def test_a_lost_node_runs_the_pool_on_two_until_a_node_joins_and_loses_nothing(
     lab: Lab, tmp_path: Path
 ) -> None:
     args = [*lab.serve_args(), *patient_keys(tmp_path), *SLOW_BATCHES]
     with running_server(4, "sim", args) as srv:
-        await wait_workers(srv.url, lambda ws: len(up(ws)) == 4)
-        results: list[ProbeResult] = []
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(offer, srv.url, 300, 15, results)
-            (busy, *_) = in_state(await wait_workers(
-                srv.url, lambda ws: bool(in_state(ws, "busy"))), "busy")
+        steps(srv.url, lambda ws: len(up(ws)) == 4)
+        with load_beside(srv.url, 300, 15) as results:
+            (busy, *_) = in_state(steps(srv.url, lambda ws: bool(in_state(ws, "busy"))), "busy")
             lost = busy["node"]
             lab.remove_node(lost)
-            two = await wait_workers(srv.url, lambda ws: len(up(ws)) == 2
-                                     and len(in_state(ws, "pending")) == 2)
+            two = steps(srv.url, lambda ws: len(up(ws)) == 2
+                        and len(in_state(ws, "pending")) == 2)
             assert lost not in {w["node"] for w in up(two)}
-            await wait_batches(srv.url, await batches_run(srv.url) + 10)  # served on two meanwhile
-            still = await wait_workers(srv.url, lambda ws: True)
+            wait_batches(srv.url, batches_run(srv.url) + 10)  # served on two meanwhile
+            still = steps(srv.url, lambda ws: True)
             assert (len(up(still)), len(in_state(still, "pending"))) == (2, 2)
             joined = lab.add_node()
-            four = await wait_workers(srv.url, lambda ws: len(up(ws)) == 4)
-        assert_all_answered(results[0])
+            four = steps(srv.url, lambda ws: len(up(ws)) == 4)
+        assert_all_answered(results)
         assert sorted(w["node"] for w in up(four)).count(joined) == 2
         m = fetch_metrics(srv.url)
         assert metric(m, "batchgate_worker_crashes_total") == 2
         assert metric(m, "batchgate_batch_reroutes_total") >= 1
 
 
-async def batches_run(url: str) -> float:
-    """The server's batch counter, read without blocking the load generator's loop."""
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-        text = (await client.get("/metrics")).text
-    return metric(parse_metrics(text), "batchgate_batch_size_count")
+def batches_run(url: str) -> float:
+    """The server's batch counter."""
+    return metric(fetch_metrics(url), "batchgate_batch_size_count")
 
 
-async def wait_batches(url: str, count: float) -> None:
+def wait_batches(url: str, count: float, within: float = 30.0) -> None:
     """Poll the server's batch counter (another process) until it reaches `count`."""
-    with anyio.fail_after(30):
-        while True:
-            if await batches_run(url) >= count:
-                return
-            await anyio.sleep(0.05)
+    deadline = time.monotonic() + within
+    while batches_run(url) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} batches in {within} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
