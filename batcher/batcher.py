@@ -191,9 +191,10 @@ class Batcher:
         """Stop accepting; whatever is queued is cut at once from now on."""
         self._draining = True
 
-    def cut(self, now: float, capacity: Capacity) -> Cut | None:
+    def cut(self, now: float, capacity: Capacity, hold_until: float = -math.inf
+            ) -> Cut | None:
         """Cut the next batch if the policy says so (items may be empty when every item
-        taken had expired); None to keep waiting."""
+        taken had expired); None to keep waiting. `hold_until`: `FlushPolicy.decide`'s."""
         oldest = self._queues.oldest()
         if oldest is None:
             return None
@@ -207,6 +208,7 @@ class Batcher:
             retry=queues.has_retry(),
             pending_chars=queues.chars() if max_chars < math.inf else 0,
             max_chars=max_chars,
+            hold_until=hold_until,
         )
         if reason is None:
             return None

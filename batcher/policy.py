@@ -60,13 +60,15 @@ class FlushPolicy:
 
     def decide(
         self, *, pending: int, oldest_enqueued: float, now: float, pool: Capacity, retry: bool,
-        pending_chars: int = 0, max_chars: float = math.inf,
+        pending_chars: int = 0, max_chars: float = math.inf, hold_until: float = -math.inf,
     ) -> FlushReason | None:
         """Return why to flush now, or None to keep waiting.
 
         `retry` says whether re-routed items are pending (they already waited once: they
         never wait again). A batch is full at `max_batch` items or at `max_chars` characters
-        pending (`pending_chars`): waiting could not make it fuller.
+        pending (`pending_chars`): waiting could not make it fuller. Before `hold_until` a
+        timed or idle cut waits (a partner stage's cut is due within moments: cut together,
+        parallel stages stay in step); a full batch or a retry never does.
         """
         if pool.idle <= 0 or pending <= 0:
             return None
@@ -74,6 +76,8 @@ class FlushPolicy:
             return FlushReason.RETRY
         if pending >= self.max_batch or pending_chars >= max_chars:
             return FlushReason.FULL
+        if now < hold_until:
+            return None
         if now >= self.due(oldest_enqueued):
             return FlushReason.TIMEOUT
         if self.idle_trigger and self.spare_capacity(pool):

@@ -16,7 +16,7 @@ GPU never idles while the front door writes sockets.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -114,7 +114,24 @@ class DispatchCore:
         # When each worker on its way for this version is expected up (absolute, sorted;
         # `workers_coming`): admission counts them from then on.
         self._coming: tuple[float, ...] = ()
+        self._pace: Callable[[float], float] | None = None
+        self._held_until = -math.inf
         self.version = version
+
+    def pace_with(self, partners: Callable[[float], float] | None) -> None:
+        """Keep in step with the cores of stages that run beside this one (parallel guard
+        stages): `partners(now)` says until when one of them is about to cut (-inf: none
+        is), and a timed or idle cut here waits for it. Out of step, an input waits for the
+        later of its stages' cuts; in step, for one (`failover.fleet.staging`)."""
+        self._pace = partners
+
+    def next_free(self) -> float:
+        """When this core can next take a batch: -inf with a worker idle, else its earliest
+        busy worker's expected end (inf with none up)."""
+        if self._table.idle_count() > 0:
+            return -math.inf
+        sent = self._sent_at.values()
+        return min(sent) + self._admission.batch_latency if sent else math.inf
 
     # -- the front door's events -----------------------------------------------------------
     def admit(self, items: list[Item], deadline_in: float, now: float, arriving: int = 0
@@ -329,8 +346,9 @@ class DispatchCore:
             return hang
         if self._table.has_groups() and self._table.runnable(self._group_may_run) is not None:
             return -math.inf
-        due = -math.inf if self._batcher.draining and len(self._batcher) else self._batcher.due()
-        return min(hang, due)
+        if self._batcher.draining and len(self._batcher):
+            return -math.inf
+        return min(hang, max(self._batcher.due(), self._held_until))
 
     # -- lifecycle -------------------------------------------------------------------------
     def finished(self) -> bool:
@@ -420,6 +438,9 @@ class DispatchCore:
         a cut can let a group of a lower tier run, so groups are asked again after each."""
         needed = -1.0
         table = self._table
+        hold = self._pace(now) if self._pace is not None and table.idle_count() > 0 \
+            else -math.inf
+        self._held_until = hold
         while table.idle_count() > 0:
             if table.has_groups():
                 group = table.next_group(now, self._group_may_run)
@@ -433,7 +454,7 @@ class DispatchCore:
             capacity = Capacity(
                 self._table.idle_count(), self._table.ready_count(), needed
             )
-            cut = self._batcher.cut(now, capacity)
+            cut = self._batcher.cut(now, capacity, hold)
             if cut is None:
                 break
             for item in cut.expired:

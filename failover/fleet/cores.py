@@ -300,6 +300,7 @@ class ModelCores:
 
     def _new_core(self, version: VersionKey) -> DispatchCore:
         core = self._make_core(version, self.catalogue)
+        self._stages.pace(version, core)
         if self._counts_offered:
             core.count_offered()
         if self._draining:

@@ -32,6 +32,8 @@ from failover.fleet.routing import Routing
 from failover.fleet.stages import Pipeline, Route
 from failover.fleet.versions import Versions
 
+PACE = 0.15  # how near its batch's expected end a partner's worker is waited for
+
 
 class Stages:
     """Guarded requests' inputs on their way through stages, for `ModelCores`."""
@@ -49,10 +51,42 @@ class Stages:
         self.said: list[tuple[str, str, bool]] = []  # guards' words between turns (metrics)
         self._told = math.inf  # the owner's next look, as `next_deadline` last said
         self._memo: dict[str, VersionKey] = {}  # unweighted guards' versions, this call
+        self._partners: dict[str, frozenset[str]] = {}  # models whose stages run beside
 
     def set_catalogue(self, catalogue: Catalogue) -> None:
         self.pipelines = {m: p for m in catalogue.models
                           if (p := Pipeline.of(catalogue, m)) is not None}
+        partners: dict[str, set[str]] = {}
+        for pipeline in self.pipelines.values():
+            if pipeline.parallel:
+                beside = {s.model for s in pipeline.stages[:pipeline.model_at + 1]}
+                for one in beside:
+                    partners.setdefault(one, set()).update(beside - {one})
+        self._partners = {m: frozenset(p) for m, p in partners.items()}
+        for version, core in self._cores.items():
+            self.pace(version, core)
+
+    def pace(self, version: VersionKey, core: DispatchCore) -> None:
+        """Keep `core` in step with its parallel partners' cores (`DispatchCore.pace_with`),
+        or let it cut alone when its model runs beside none."""
+        partners = self._partners.get(version.model)
+        core.pace_with(None if partners is None else
+                       lambda now: self._partner_cut(partners, now))
+
+    def _partner_cut(self, partners: frozenset[str], now: float) -> float:
+        """Until when a core of `partners` is about to cut: its worker is due to free
+        within `PACE` of a batch's time, or is that late (-inf: none is; one has a worker
+        idle already)."""
+        until = -math.inf
+        for version, core in self._cores.items():
+            if version.model in partners and core.ready_count():
+                free = core.next_free()
+                if free == -math.inf:
+                    return -math.inf
+                slack = PACE * core.batch_latency()
+                if free - slack <= now <= free + slack:
+                    until = max(until, free + slack)
+        return until
 
     def guards(self, items: list[Item]) -> Pipeline | None:
         """The pipeline the request's items pass through; None: none (not guarded)."""
@@ -176,7 +210,16 @@ class Stages:
             self.said = []
         for version in moved:
             out.extend(self._cores[version].pump(now))
+        if self._partners and out.send:
+            self._pump_partners(out, now)
         return out
+
+    def _pump_partners(self, out: CoreActions, now: float) -> None:
+        """A core that cut ends its partners' waits: they cut in the same turn."""
+        cut = {send.version.model for send in out.send if send.version is not None}
+        for version, core in self._cores.items():
+            if self._partners.get(version.model, frozenset()) & cut:
+                out.extend(core.pump(now))
 
     def expire(self, now: float, out: CoreActions) -> None:
         """Guard stage items past their share of the deadline: given up (what runs of them

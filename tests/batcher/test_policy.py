@@ -109,3 +109,16 @@ def test_characters_up_to_the_cap_make_a_batch_full() -> None:
 def test_a_fixed_character_cap_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_batch_chars"):
         FlushPolicy(max_batch_chars=0)
+
+
+def test_a_timed_or_idle_cut_waits_for_a_partner_stage_a_full_one_or_a_retry_never_does() -> None:
+    def held(pending: int, waited: float, idle: int, retry: bool = False,
+             until: float = 0.004) -> FlushReason | None:
+        return policy.decide(pending=pending, oldest_enqueued=-waited, now=0.0,
+                             pool=Capacity(idle, 12, 0.0), retry=retry, hold_until=until)
+
+    assert held(3, 0.06, 1) is None  # due by its time, held
+    assert held(1, 0.0, 2) is None  # idle workers to spare, held
+    assert held(100, 0.0, 1) is FlushReason.FULL
+    assert held(1, 0.0, 1, retry=True) is FlushReason.RETRY
+    assert held(3, 0.06, 1, until=0.0) is FlushReason.TIMEOUT  # the hold is over
