@@ -71,7 +71,7 @@ def test_300_rps_on_four_actors_on_two_nodes_all_answered_correctly(
     with running_server(4, "sim", [*lab.serve_args(), *patient_keys(tmp_path)]) as srv:
         workers = steps(srv.url, lambda ws: len(up(ws)) == 4)
         assert sorted(w["node"] for w in workers) == sorted(lab.worker_nodes() * 2)
-        with load_beside(srv.url, 300, 20) as results:
+        with load_beside(srv.url, 300, 8) as results:
             pass
         assert_all_answered(results)
         assert metric(fetch_metrics(srv.url), "batchgate_worker_crashes_total") == 0
