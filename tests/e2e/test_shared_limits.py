@@ -47,7 +47,12 @@ rate = 1000
 burst = 1000
 account_rate = {RATE}
 account_burst = {BURST}
+budget_ms = 4000
 """
+# A check waits for Redis a quarter of its tier's budget, at most 0.5 s, then the cell's own
+# buckets decide for a second. The paid default (400 ms) gives 0.1 s, which a server's loop
+# held up on a busy machine (the whole suite on two cores) can overrun though Redis answered:
+# the patient budget keeps the test about sharing, not about a slow loop.
 
 
 def keys_file(folder: Path) -> Path:
@@ -93,11 +98,13 @@ async def test_an_accounts_rate_limit_holds_across_two_cells_sharing_redis(
                 tg.start_soon(run, one.url, "cell-one-key", started + WINDOW_S)
                 tg.start_soon(run, two.url, "cell-two-key", started + WINDOW_S)
             window = time.monotonic() - started
+            errors = [metric(fetch_metrics(srv.url), "batchgate_state_errors_total",
+                             part="limits") for srv in (one, two)]
     allowed = BURST + RATE * window  # every check's server time lies inside the window
     admitted = [c[200] for c in got]
     assert {s for c in got for s in c} <= {200, 429}, got
     # +1: the script's refill is in floating point; a whole extra request would be a leak.
-    assert sum(admitted) <= allowed + 1, (admitted, allowed)
+    assert sum(admitted) <= allowed + 1, (admitted, allowed, "Redis calls failed:", errors)
     assert sum(admitted) >= 0.7 * allowed, (admitted, allowed)  # the bucket was used
     # Each server alone was offered more than the account's whole allowance and admitted
     # some of it: with a bucket per cell, each would have admitted about `allowed`.
