@@ -10,7 +10,7 @@ the whole pool.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from batcher import Item, Tier
 from gpu_pool import BatchId
@@ -39,10 +39,13 @@ class Group:
     kind: Rerun
     lineage: Lineage | None = None
     twin: BatchId | None = None  # a hedge: the batch it copies
-    tier: Tier = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.tier = min(i.tier for i in self.items)
+    @property
+    def tier(self) -> Tier:
+        """The best tier among the items it would run now: a hedge whose paid items were
+        cancelled is free work and waits behind queued paid work. An empty group counts as
+        paid, so that it is reached (and dropped) at once."""
+        return min((i.tier for i in self.live()), default=Tier.PAID)
 
     @property
     def killed(self) -> bool:

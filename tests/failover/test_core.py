@@ -423,3 +423,17 @@ def test_a_killer_that_leaves_mid_batch_gets_no_innocent_quarantined() -> None:
     m.worker_up()
     again = Item(ItemId(99), "r:1", Tier.PAID, m.now, m.now + 5.0, m)
     m.core.admit([again], 5.0, m.now)  # not refused on sight
+
+
+def test_a_hedge_whose_paid_items_were_cancelled_waits_behind_queued_paid_work() -> None:
+    m = CoreMachine()
+    m.worker_up()
+    m.worker_up()
+    m.admit_frame([(Tier.PAID, 1, 5.0), (Tier.FREE, 1, 5.0)])  # one batch of both
+    m.admit(Tier.PAID, 1, 5.0)  # the other worker
+    m.advance(MAX_WAIT + HEDGE)  # both stalled: hedged, no worker to take a copy
+    m.admit(Tier.PAID, 1, 5.0)  # fresh paid work queued
+    m.cancel(_Draw(m.requests[0]))  # the paid item of the first batch leaves
+    m.worker_up()  # takes paid work: the first hedge holds only a free item now
+    (sent,) = [f for w, f in m.m.flights.items() if w == m.incarnations]
+    assert any(i.tier is Tier.PAID for i in sent.items)
