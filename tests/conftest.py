@@ -1,5 +1,5 @@
 """Suite-wide settings: hypothesis judges properties, not speed (a busy CI machine is slow),
-and how `scripts/test` spreads the suite over three processes."""
+and how `scripts/test` spreads the suite over four processes."""
 
 from __future__ import annotations
 
@@ -17,30 +17,33 @@ settings.register_profile(
 settings.load_profile("batchgate")
 
 
-WAITING = ("ray/", "e2e/test_scaling", "e2e/test_scale_latency", "e2e/test_models_cold",
-           "e2e/test_models_parked", "e2e/test_models_rollout", "e2e/test_models_weights",
-           "e2e/test_models_failing", "e2e/test_serve_startup", "e2e/test_core_death_keyed",
-           "e2e/test_streaming")
-"""The runs that mostly wait: the Ray cluster's (tests/ray, a subprocess in a namespace of
-its own) and the end-to-end runs that wait out loads, steps of load, scale-downs, failing
-loads, start-ups, a core's restart and long streams on a real server."""
+RAY = ("ray/", "e2e/test_streaming", "e2e/test_scaling", "e2e/test_scale_latency")
+"""The Ray cluster's run (tests/ray, a subprocess in a namespace of its own) and the
+end-to-end runs that wait out long streams, steps of load and scale-downs."""
 
-POOLS = ("failover/", "batcher/", "gpu_pool/", "loadtest/", "api/cell/", "api/oip/")
+WAITING = ("e2e/test_models", "e2e/test_serve_startup", "e2e/test_core_death_keyed",
+           "e2e/test_core_faults", "e2e/test_minilm", "docs/test_examples_minilm",
+           "api/test_metrics_models", "docs/test_examples.py", "test_packaging")
+"""The runs that wait on loads: models loaded, failing, parked, rolled out and weighed, the
+real model's, start-ups and a core's restarts; with them the docs' examples and packaging."""
+
+POOLS = ("failover/", "batcher/", "gpu_pool/", "api/cell/", "api/oip/")
 """The virtual-time, pool and link tests; with them, the end-to-end tests' runs against a
 cell (`CELL`), and, to even the shares out, the Open Inference Protocol's runs. The HTTP
-surface and the other single-process runs are the third share. In the last measured run
-(tests' own seconds, before docs/http-api.md's schemathesis pass went from about 80 s to 15
-and the hostile pool's and the traces' runs, 25 s, moved from this share to the third):
-http 682 s, pools 682 s, waiting 653 s."""
+surface, the other single-process runs and loadtest/ are the fourth share. In the last
+measured run (tests' own seconds, three shares): ray 394 s, waiting 358, http 400, pools
+379, drawn from a run of the three shares before (waiting 560, http 492, pools 478)."""
 
 CELL = "[gateways=2"  # tests/e2e/conftest.py's `gateways` parameter, first in an id's brackets
 
 
 def side_of(nodeid: str) -> str:
-    """Which of the three shares a test runs in (`scripts/test`): "waiting" for a path
-    under `WAITING`, "pools" for one under `POOLS` or a run against a cell, "http" for the
-    rest. The three took about as long each in the last measured run."""
+    """Which of the four shares a test runs in (`scripts/test`): "ray" for a path under
+    `RAY`, "waiting" under `WAITING`, "pools" under `POOLS` or a run against a cell, "http"
+    for the rest."""
     path = nodeid.removeprefix("tests/")
+    if path.startswith(RAY):
+        return "ray"
     if path.startswith(WAITING):
         return "waiting"
     return "pools" if path.startswith(POOLS) or CELL in nodeid else "http"
@@ -74,7 +77,7 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With `-n 3 --dist loadgroup` (scripts/test) the groups are the suite's three shares,
+    """With `-n 4 --dist loadgroup` (scripts/test) the groups are the suite's four shares,
     drawn from the path: each runs whole, in order, on a worker of its own, and the suite
     takes about the time of the longest. xdist's own loadgroup reads `xdist_group` marks and
     appends `@group` to every node id, which pytest cannot take back: a failure's printed id
@@ -84,7 +87,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class Shares(LoadScopeScheduling):  # type: ignore[misc]
-        """xdist's scope scheduling whose scopes are the three shares (as its `loadfile` mode
+        """xdist's scope scheduling whose scopes are the four shares (as its `loadfile` mode
         is the same scheduling with files for scopes)."""
 
         def _split_scope(self, nodeid: str) -> str:
