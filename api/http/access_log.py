@@ -206,10 +206,12 @@ def _other(scope: Scope, keys: KeyRing, seen: _Seen, elapsed: float) -> Served:
 
 
 def _code_of(body: bytes) -> str | None:
-    """The code of an error's body, `{"error": {"code": ...}}`; None for any other body."""
+    """The code of an error's body: `{"error": {"code": ...}}` (`/v1`'s), or the Open
+    Inference Protocol's `{"error": message, "code": ...}` (`/v2`'s); None for any other."""
     try:
-        error = orjson.loads(body).get("error")
-        code = error.get("code") if isinstance(error, dict) else None
+        body_json = orjson.loads(body)
+        error = body_json.get("error")
+        code = error.get("code") if isinstance(error, dict) else body_json.get("code")
     except (orjson.JSONDecodeError, AttributeError):
         return None
     return code if isinstance(code, str) else None

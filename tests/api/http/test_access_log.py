@@ -204,3 +204,10 @@ async def test_with_the_log_off_there_is_no_sink_and_the_direct_way_is_taken() -
         answer = await client.post("/v1/batchstring", json={"input": "x"})
     assert answer.json()["output"] == "direct"
     assert routes.access_log is None and out.getvalue() == ""
+
+
+def test_an_open_inference_protocol_error_is_logged_with_its_code() -> None:
+    body = b'{"error":"no model named \'nope\'","code":"not_found"}'
+    line = line_of(hot(PAID, 0.002, Rendered(404, body), path="/v2/models/{name}/infer"))
+    assert (line["status"], line["code"], line["path"]) == (
+        404, "not_found", "/v2/models/{name}/infer")
