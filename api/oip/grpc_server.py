@@ -4,9 +4,10 @@ in front of the same door as `/v1` (`api.oip.infer`), on the process's own event
 A single process and every gateway of a cell serve it beside HTTP, on the same host; a
 cell's gateways bind one port together (SO_REUSEPORT), as they share the HTTP socket. The
 caller's key, Idempotency-Key and deadline come as metadata (`authorization: Bearer <key>`,
-`idempotency-key`, `x-request-timeout-ms`; the request's `timeout` parameter, in
-microseconds, wins); a refusal is the gRPC status of its HTTP one (`codec.status_code`)
-with the door's message, its code and `retry-after` in the trailing metadata.
+`idempotency-key`, `x-request-timeout-ms`, else the call's own gRPC deadline; the request's
+`timeout` parameter, in microseconds, wins); a refusal is the gRPC status of its HTTP one
+(`codec.status_code`) with the door's message, its code and `retry-after` in the trailing
+metadata.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from grpc import aio  # type: ignore[import-untyped, unused-ignore]
 import api.oip.grpc_codec as codec
 from api.config import Settings
 from api.errors import ApiError, to_api_error
-from api.http import Routes
+from api.http import MIN_TIMEOUT_MS, Routes
 from api.oip.grpc import grpc_predict_v2_pb2 as pb
 from api.oip.grpc import grpc_predict_v2_pb2_grpc as pb_grpc
 from api.oip.infer import infer
@@ -144,13 +145,19 @@ def _unread(task: asyncio.Future[Any]) -> None:
 
 
 def _metadata(context: aio.ServicerContext) -> dict[str, str]:
-    """The metadata `infer` reads, by lower-case name (gRPC sends them lower-cased)."""
+    """The metadata `infer` reads, by lower-case name (gRPC sends them lower-cased). A call
+    with a deadline and no `x-request-timeout-ms` has its deadline for one: the door then
+    refuses at once what it could not answer in time, and never runs inputs for a caller
+    whose deadline passed, as it does for `/v1`'s header."""
     found: dict[str, str] = {}
     for key, value in context.invocation_metadata() or ():
         if key in METADATA and isinstance(value, str):
             if key in found:
                 raise ApiError("repeated_header", f"{key} sent more than once")
             found[key] = value
+    left = context.time_remaining()
+    if "x-request-timeout-ms" not in found and left is not None:
+        found["x-request-timeout-ms"] = f"{max(MIN_TIMEOUT_MS, left * 1000):.3f}"
     return found
 
 

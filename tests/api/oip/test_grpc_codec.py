@@ -155,11 +155,14 @@ def test_the_generated_messages_live_beside_tritonclients_own() -> None:
 class _Context:
     """The metadata a gRPC call brought, as `grpc.aio` hands it over."""
 
-    def __init__(self, *pairs: tuple[str, str]) -> None:
-        self.pairs = pairs
+    def __init__(self, *pairs: tuple[str, str], left: float | None = None) -> None:
+        self.pairs, self.left = pairs, left
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self.pairs
+
+    def time_remaining(self) -> float | None:
+        return self.left
 
 
 def test_the_metadata_infer_reads_include_a_callers_traceparent() -> None:
@@ -167,3 +170,12 @@ def test_the_metadata_infer_reads_include_a_callers_traceparent() -> None:
     got = _metadata(_Context(("authorization", "Bearer k"), ("traceparent", header),
                              ("user-agent", "grpc-python")))  # type: ignore[arg-type]
     assert got == {"authorization": "Bearer k", "traceparent": header}
+
+
+def test_a_calls_deadline_is_its_timeout_unless_the_metadata_names_one() -> None:
+    auth = ("authorization", "Bearer k")
+    assert _metadata(_Context(auth, left=2.5))["x-request-timeout-ms"] == "2500.000"  # type: ignore[arg-type]
+    assert _metadata(_Context(auth, left=0.0))["x-request-timeout-ms"] == "1.000"  # type: ignore[arg-type]
+    assert "x-request-timeout-ms" not in _metadata(_Context(auth))  # type: ignore[arg-type]
+    named = _Context(auth, ("x-request-timeout-ms", "900"), left=2.5)
+    assert _metadata(named)["x-request-timeout-ms"] == "900"  # type: ignore[arg-type]

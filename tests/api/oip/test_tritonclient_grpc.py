@@ -173,10 +173,26 @@ def test_a_catalogues_version_by_name_and_a_guards_refusal(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("cell", [[], ["--gateways", "2"]], ids=["process", "cell"])
-def test_a_client_that_leaves_is_withdrawn_and_the_server_serves_on(cell: list[str]) -> None:
+def test_a_calls_deadline_is_the_doors_and_a_client_that_leaves_is_withdrawn(
+        cell: list[str]) -> None:
     with serving(["--batch-latency-ms", "1000", *cell]) as s:
-        gone = refused(lambda: s.client.infer("default", [strings("gone")], headers=PAID,
-                                              client_timeout=0.3))
+        # Its gRPC deadline is the door's: a batch takes 1 s, so two inputs due in 0.3 s are
+        # refused at once (a deadline the door could not see would end at the client, in
+        # DEADLINE_EXCEEDED without the door's code).
+        request = service_pb2.ModelInferRequest(model_name="default")
+        request.inputs.add(name="INPUT", datatype="BYTES", shape=[2]).contents \
+            .bytes_contents.extend([b"late", b"later"])
+        with grpc.insecure_channel(s.address) as channel, \
+                pytest.raises(grpc.RpcError) as caught:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                request, metadata=list(PAID.items()), timeout=0.3)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert ("batchgate-error-code", "deadline_unreachable") in \
+            caught.value.trailing_metadata()
+        # With X-Request-Timeout-Ms the door waits that long; the client leaves before.
+        gone = refused(lambda: s.client.infer(
+            "default", [strings("gone")], headers={**PAID, "x-request-timeout-ms": "30000"},
+            client_timeout=0.3))
         assert gone.status() == "StatusCode.DEADLINE_EXCEEDED"
         after = s.client.infer("default", [strings("after")], headers=PAID)
         assert outputs(after) == ["retfa"]
