@@ -1,7 +1,8 @@
 """The core's side of the front door: the door (the one way in: a frame's rate step, then
 admission; the wait, answers), the keyed path, the rate steps (this cell's own buckets, or
-those cells share in Redis), the service that builds and runs the dispatch core, the status
-views, the direct way's local route, and the single process's composition root.
+those cells share in Redis), the service that builds and runs the dispatch core (and its
+durable layer for kept answers, `api.door.state`), the status views, the direct way's local
+route, and the single process's composition root.
 
 It loads the dispatch core (`failover`, `gpu_pool`); a gateway never imports it.
 """

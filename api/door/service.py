@@ -10,27 +10,22 @@ read at the edge, else a random cell of its own, incarnation 0)."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 
 import anyio
 from anyio.abc import TaskStatus
 
-from api.config import Settings, StateKind, TierPolicy
+from api.config import Settings, TierPolicy
 from api.door.limits import pressure_factor
 from api.door.overrides import Overrides
+from api.door.state import build_state
 from api.kept import (
     BackedStore,
     IdempotencyStore,
-    KeptState,
     MemoryIdempotencyStore,
-    Owner,
-    RedisSettings,
-    SqliteSettings,
     StateUnavailable,
     check_state_file,
-    open_state,
 )
 from api.metrics import ScalingGauges, Snapshot, VersionGauges
 from batcher import FlushPolicy, MonotonicClock, Tier, VersionKey
@@ -339,30 +334,6 @@ class Service:
         )
 
 
-def state_owner(identity: CellIdentity | None) -> Owner:
-    """Who this core is to the durable layer: its cell and incarnation."""
-    if identity is None:  # a process of its own: a cell of one core
-        return Owner(os.urandom(6).hex(), 0)
-    return Owner(identity.cell, identity.incarnation)
-
-
-def build_state(settings: Settings, identity: CellIdentity | None = None
-                ) -> KeptState | None:
-    """The durable layer `--state` names (None for memory), its claims naming `identity`;
-    connects to nothing yet."""
-    spec = settings.state_spec()
-    if spec.kind is StateKind.SQLITE:
-        assert spec.path is not None
-        return open_state(SqliteSettings(
-            spec.path, ttl=settings.idempotency_ttl_s,
-            max_entries=settings.idempotency_max_entries,
-            max_bytes=settings.idempotency_max_bytes))
-    if spec.kind is StateKind.REDIS:
-        return open_state(RedisSettings(spec.host, spec.port, spec.db, state_owner(identity),
-                                        ttl=settings.idempotency_ttl_s))
-    return None
-
-
 def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
                claimable: tuple[Load, ...] = (), identity: CellIdentity | None = None,
                salvage: Salvage | None = None) -> Pool:
@@ -396,5 +367,5 @@ def build_pool(settings: Settings, loads: tuple[Load, ...] = (),
                                    max_workers=settings.workers.max))
 
 
-__all__ = ["Service", "build_pool", "build_state", "check_core_settings", "check_state",
-           "core_settings", "hang_settings", "latency_floor", "state_owner"]
+__all__ = ["Service", "build_pool", "check_core_settings", "check_state", "core_settings",
+           "hang_settings", "latency_floor"]

@@ -12,7 +12,7 @@ import pytest
 from api.cli import cell_identity
 from api.config import DEFAULT_TIERS, Settings, Workers, check_files
 from api.door import Service
-from api.door.service import build_state, state_owner
+from api.door.state import build_state, state_owner
 from api.kept import BackedStore, MemoryIdempotencyStore, RedisSettings, SqliteState, StateLocked
 from api.metrics import Metrics
 from tests.api.door.fakes import FakePool
