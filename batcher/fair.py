@@ -78,6 +78,19 @@ class FairLane:
         self.dead = 0  # cancelled items still held
         self.served: dict[str | None, int] = {}  # items cut so far, by account
 
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """New weights (a keys file read again): an account queued now is served at its new
+        weight from its head on, one that comes later at its own. Its tag so far stands."""
+        self._weights = weights
+        heap = self._heap
+        heap.clear()
+        for flow in self._flows.values():  # each holds a live head
+            flow.rate = self._new_flow_rate(flow.account)
+            self._seq += 1
+            flow.seq = self._seq
+            heap.append((flow.finish(), self._seq, flow))
+        heapq.heapify(heap)
+
     def held(self) -> int:
         """Items in memory, cancelled ones not yet trimmed included."""
         return sum(len(f.items) for f in self._flows.values())

@@ -42,6 +42,13 @@ _TIER_OF_LANE = {LANE_OF[tier]: tier for tier in Tier}
 COMPACT_SLACK = 64  # cancelled items a lane may hold beyond its live ones, at the least
 
 
+def _checked(weights: Mapping[str, float]) -> dict[str, float]:
+    bad = sorted(a for a, w in weights.items() if not (0 < w < math.inf))
+    if bad:
+        raise ValueError(f"account weights must be > 0 and finite: {bad[:5]}")
+    return dict(weights)
+
+
 class TierQueues:
     """Queues for every lane. Not thread-safe: owned by one event loop.
 
@@ -56,10 +63,7 @@ class TierQueues:
             raise ValueError(f"no queue capacity given for {sorted(t.name for t in missing)}")
         if any(c < 1 for c in capacity.values()):
             raise ValueError("queue capacities must be at least 1")
-        weights = dict(weights or {})
-        bad = sorted(a for a, w in weights.items() if not (0 < w < math.inf))
-        if bad:
-            raise ValueError(f"account weights must be > 0 and finite: {bad[:5]}")
+        weights = _checked(weights or {})
         self._capacity = dict(capacity)
         self._lanes: list[deque[Item]] = [deque() for _ in Lane]
         # The tier lanes' fair structures (None: the lane is its FIFO deque).
@@ -72,6 +76,13 @@ class TierQueues:
 
     def __len__(self) -> int:
         return self._total
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """The accounts' new weights (`FairLane.set_weights`); nothing without fair share."""
+        weights = _checked(weights)
+        for fair in self._fair:
+            if fair is not None:
+                fair.set_weights(weights)
 
     def depth(self, lane: Lane) -> int:
         return self._live[lane]

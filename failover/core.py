@@ -16,7 +16,7 @@ GPU never idles while the front door writes sockets.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -265,6 +265,10 @@ class DispatchCore:
     def drain(self) -> None:
         """Stop admitting; everything queued is cut at once from the next step on."""
         self._batcher.drain()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """The accounts' new fair-share weights (`TierQueues.set_weights`)."""
+        self._batcher.queues.set_weights(weights)
 
     # -- the pool's events -----------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,

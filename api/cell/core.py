@@ -28,6 +28,7 @@ import anyio
 from api.cell.link import LinkServer
 from api.config import Settings, load_keys
 from api.door import build_door, supervised
+from api.errors import KeysFileError
 from api.gateway import CellStatus, ChildEnd, Lifeline, Order, Report, name_process
 from api.http import StatusCall, settle_and_time
 from api.metrics import Metrics
@@ -96,8 +97,12 @@ async def _serve(settings: Settings, link: str, identity: CellIdentity,
         elif message is Order.STOP:  # a drain always follows a leave
             leave.set()
             drain.set()
-        elif message is Order.RELOAD:
+        elif message is Order.RELOAD:  # the supervisor accepted the files it kept
             models.reload()
+            try:  # the gateways read the keys; the core, the accounts' weights
+                service.set_weights(load_keys(settings.keys, settings.admin_key).weights)
+            except KeysFileError as exc:
+                log.error("weights not reloaded: %s", exc)
 
     supervisor = await lifeline.listen(heard)
     unwatch: Callable[[], None] | None = None

@@ -101,6 +101,7 @@ def build(settings: Settings, keys: KeyRing | None = None, pool: Pool | None = N
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         def reload() -> None:  # SIGHUP: the keys file, and the models file if any
             routes.reload_keys()
+            service.set_weights(routes.keys.weights)
             models.reload()
 
         reloading = on_sighup(reload)

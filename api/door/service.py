@@ -181,13 +181,15 @@ class Service:
         self.budgets = {t: p.budget_ms / 1000 for t, p in tiers.items()}
         self.overrides = overrides or Overrides(None)  # the admin's, over the file
         self.catalogue = catalogue = laid_over(self.overrides, catalogue_of(settings), settings)
+        self.weights = dict(weights or {})  # the keys file's, as last read (`set_weights`)
 
         def make_core(version: VersionKey, serving: Catalogue) -> DispatchCore:
             try:
                 floor: float | None = load_of(settings, serving, version).floor(None)
             except LookupError:  # gone from the catalogue: it only drains
                 floor = None
-            return build_core(core_settings(settings, tiers, floor, weights), version=version)
+            return build_core(core_settings(settings, tiers, floor, self.weights),
+                              version=version)
 
         def load(version: VersionKey) -> Load:
             return load_of(settings, self.models.catalogue, version)
@@ -253,6 +255,15 @@ class Service:
         self.core.abandon()
         if self.kept is not None:  # what landed last is stored, then the store closed
             await self.kept.drain()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """The keys file read again (SIGHUP): the accounts' fair-share weights from now on,
+        in the queues of every version (`ModelCores.set_weights`)."""
+        if weights != self.weights:
+            self.weights = dict(weights)
+            self.models.set_weights(self.weights)
+            log.info("fair-share weights now those of the keys file: %d accounts named",
+                     len(self.weights))
 
     def pressure(self, tier: Tier) -> float:
         """Expected completion over the tier's budget: rate limits tighten as it nears 1."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from batcher import Item, Tier, VersionKey
 from batcher.shared import Backoff
@@ -155,6 +155,12 @@ class ModelCores:
         self._draining = True
         for core in self._cores.values():
             core.drain()
+
+    def set_weights(self, weights: Mapping[str, float]) -> None:
+        """The accounts' new fair-share weights, for every version's queues (the cores
+        made later take theirs from `make_core`)."""
+        for core in self._cores.values():
+            core.set_weights(weights)
 
     # -- the pool's events ---------------------------------------------------------------
     def worker_ready(self, worker: WorkerId, now: float, start: StartId | None = None,

@@ -353,3 +353,39 @@ def test_an_account_whose_queued_items_were_all_cancelled_comes_back_with_no_cre
     q.put_all([item("a", 10) for _ in range(100)], Tier.FREE)
     batch = q.pop_batch(20, now=0.0)[0]
     assert abs(sum(i.caller == "a" for i in batch) - 10) <= 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(ACCOUNTS), WEIGHTS, min_size=2),
+       st.dictionaries(st.sampled_from(ACCOUNTS), WEIGHTS), st.integers(2, 20))
+def test_new_weights_hold_for_accounts_backlogged_across_the_change(
+    before: dict[str, float], after: dict[str, float], limit: int
+) -> None:
+    """A keys file read again (SIGHUP): accounts that stay backlogged share by their new
+    weights from the change on (an account the new file does not name weighs 1)."""
+    q = queues(before)
+    for account in before:
+        q.put_all([item(account, 10) for _ in range(400)], Tier.FREE)
+    q.pop_batch(limit, now=0.0)  # some served at the old weights: tags and V moved
+    q.set_weights(after)
+    weights = {a: after.get(a, 1.0) for a in before}
+    served = dict.fromkeys(weights, 0)
+    for _ in range(6):
+        for it in q.pop_batch(limit, now=0.0)[0]:
+            assert it.caller is not None
+            served[it.caller] += 10
+    # Each head's tag was counted from the old weights: one item of slack besides SCFQ's.
+    for x, y in itertools.combinations(weights, 2):
+        assert abs(served[x] / weights[x] - served[y] / weights[y]) \
+            <= 2 * (10 / weights[x] + 10 / weights[y]) + 1e-9
+
+
+def test_new_weights_are_checked_and_leave_fifo_lanes_alone() -> None:
+    with pytest.raises(ValueError, match="weights must be > 0"):
+        queues({}).set_weights({"a": 0.0})
+    q = queues({}, fair=False)
+    first = item("a", 5)
+    q.put_nowait(first)
+    q.put_nowait(item("b", 5))
+    q.set_weights({"b": 3.0})
+    assert q.pop_batch(1, now=0.0)[0] == [first]

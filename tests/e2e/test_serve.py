@@ -13,7 +13,7 @@ import pytest
 from api.config import hash_key
 from batchgate_client import AsyncClient
 from loadtest.server import fetch_metrics, metric, running_server, start_server, stop_server
-from tests.e2e.helpers import logged, post_many
+from tests.e2e.helpers import logged, metric_reaches, post_many
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PAID = {"Authorization": "Bearer paid-demo-key"}
@@ -193,3 +193,55 @@ async def test_sighup_reloads_the_keys_file_without_a_restart(tmp_path: Path) ->
                 while await status("old-key") != 401:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
         assert srv.process.poll() is None  # SIGHUP's default would have ended it
+
+
+WEIGHED = """
+[[keys]]
+key = "a-key"
+tier = "paid"
+account = "a"
+weight = {}
+
+[[keys]]
+key = "b-key"
+tier = "paid"
+account = "b"
+
+[tiers.paid]
+budget_ms = 60000
+"""
+SLOTS = "batchgate_account_batch_slots_total"
+
+
+async def test_sighup_gives_the_accounts_their_new_fair_share_weights(tmp_path: Path) -> None:
+    """Batches of 4 on one worker: with a and b queued together, a weighing 3 after the
+    reload takes 3 of the next batch's 4 slots (2 at the weight it started with)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(WEIGHED.format(1))
+    args = ["--keys", str(keys), "--max-batch", "4", "--batch-latency-ms", "300"]
+    with running_server(workers=1, args=args) as srv:
+        keys.write_text(WEIGHED.format(3))
+        os.kill(srv.pid, signal.SIGHUP)
+        with anyio.fail_after(10):  # the core's own log line (a cell's core: another process)
+            while "fair-share weights now" not in srv.log_path.read_text():  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client, \
+                anyio.create_task_group() as tg:
+            async def send(key: str, n: int) -> None:
+                answer = await client.post(
+                    "/v1/batchstring", json={"inputs": [key] * n},
+                    headers={"Authorization": f"Bearer {key}-key"})
+                assert answer.status_code == 200, answer.text
+
+            tg.start_soon(send, "a", 4)  # the worker's first batch: a's, alone
+            await metric_reaches(srv.url, 4, SLOTS, tier="paid", account="a")
+            tg.start_soon(send, "a", 6)  # both queued behind it
+            tg.start_soon(send, "b", 6)
+            with anyio.fail_after(10):
+                while True:  # the next batch, read before the one after it (300 ms later)
+                    shown = fetch_metrics(srv.url)
+                    a, b = (metric(shown, SLOTS, tier="paid", account=x) for x in "ab")
+                    if a + b >= 8:
+                        break
+                    await anyio.sleep(0.01)
+    assert (a - 4, b) == (3, 1)
