@@ -2,13 +2,13 @@
 from a launcher that preloads (else spawned), parked rather than ended when let go.
 
 Offers the pool seam (`Pool`, `PoolEvents`; the scaling the core decides included: `add`,
-`retire`, `cancel_start`), the wire messages, the process pool
-(`WorkerPool`), its settings, what a slot holds (`Load`: one model version), the slot
-states both pools share, the model registry (what a model name means,
-asked without loading it) and the model loader.
+`retire`, `cancel_start`), the wire messages, the process pool (`WorkerPool`, its parked
+workers in `gpu_pool.parking`), its settings, what a slot holds (`Load`: one model version),
+the slot states both pools share, the model registry (what a model name means, asked without
+loading it) and the model loader.
 The Ray pool's settings are here too; the Ray pool itself is `gpu_pool.ray_pool.RayPool`,
 imported only where Ray is wanted (it is an optional dependency, and importing `gpu_pool`
-must not import it).
+must not import it), its parked actors in `gpu_pool.ray_parking`.
 """
 
 from gpu_pool.attach import listening, stat_of

@@ -54,13 +54,12 @@ from gpu_pool.launching import ForkedProcess, Launcher
 from gpu_pool.load import Load
 from gpu_pool.memory import MIB, resident_bytes
 from gpu_pool.models import parse_spec
+from gpu_pool.parking import ParkedWorker, ParkingLot, Place, Process, collect, unwatch
 from gpu_pool.pipe import WorkerPipe, open_pipe, open_socket
 from gpu_pool.protocol import (
     Attached,
     Err,
     Ok,
-    Park,
-    Parked,
     Ready,
     Run,
     Salvaged,
@@ -80,23 +79,6 @@ log = logging.getLogger("batchgate.pool")
 STOP_GRACE_S = 10.0  # for a replaced (or switched) worker to exit once told to stop
 
 
-Process = BaseProcess | AttachedProcess
-
-
-@dataclass(slots=True, eq=False)
-class _Parked:
-    """A worker let go that keeps its process, its weights in host memory, until a start
-    of its version on its device wakes it, or it is given up (the oldest first)."""
-
-    load: Load
-    gpu: int | None
-    process: Process
-    pipe: WorkerPipe
-    since: float  # when it was parked, on the monotonic clock
-    settled: anyio.Event = field(default_factory=anyio.Event)  # said `Parked`, or gone
-    rss: int | None = None  # bytes resident once parked
-
-
 @dataclass(slots=True)
 class _Slot(Slot):
     process: Process | None = None
@@ -107,7 +89,7 @@ class _Slot(Slot):
     found: Found | None = None  # an earlier core's live worker, attached at the first start
     gpu: int | None = None  # the CUDA device its workers are pinned to; None on the CPU
     launching: bool = False  # `_start` is spawning its process, not yet watched
-    parking: _Parked | None = None  # its incarnation let go by parking, its device not yet free
+    parking: ParkedWorker | None = None  # its incarnation let go by parking, device not yet free
     loaded: Load | None = None  # what its incarnation holds (a switch changes `load` first)
 
 
@@ -125,7 +107,8 @@ class WorkerPool(SlotPool[_Slot]):
             tuple(dict.fromkeys(x.spec for x in (*settings.slot_loads(), *settings.claimable)
                                 if x.preload or (not x.spawn and parse_spec(x.spec)[0]))),
             settings.backoff, settings.ready_timeout)
-        self._parked: list[_Parked] = []  # oldest first
+        self._lot = ParkingLot(settings.parked_max, settings.parked_ram_mb, self._spared,
+                               self._parked_changed)
         loads = settings.slot_loads()
         gpus = settings.gpus
         super().__init__(Slots(
@@ -167,9 +150,7 @@ class WorkerPool(SlotPool[_Slot]):
     async def stop(self, grace: float = 10.0) -> None:
         """Ask every worker to exit, wait up to `grace`, then kill the stragglers."""
         self._slots.stop()
-        parked = list(self._parked)
-        for one in parked:
-            self._give_up(one)
+        parked = self._lot.stop()
         for slot in self._slots:
             if slot.pipe is not None and slot.state.up:
                 slot.pipe.send(Stop())
@@ -187,7 +168,7 @@ class WorkerPool(SlotPool[_Slot]):
             if one.process.is_alive():
                 one.process.kill()
             one.process.join(timeout=5)
-            self._forget(one)
+            collect(one)
         for slot in live:
             if slot.process is not None and slot.process.is_alive():
                 slot.process.kill()
@@ -233,12 +214,12 @@ class WorkerPool(SlotPool[_Slot]):
 
     def parked(self) -> list[tuple[Load, int, int | None]]:
         """What is parked, oldest first: its load, its pid and the bytes it holds."""
-        return [(p.load, p.process.pid or 0, p.rss) for p in self._parked]
+        return [(p.load, p.process.pid or 0, p.rss) for p in self._lot.held()]
 
     def start_kind(self, load: Load) -> StartKind:
         """How a start of `load` would come up now: woken when a worker holding it is
         parked, forked while the launcher is up, else spawned."""
-        if any(p.load == load for p in self._parked):
+        if self._lot.holds(load):
             return StartKind.WAKE
         launcher = self._launcher
         return StartKind.FORK if launcher is not None and launcher.up is not None and \
@@ -250,7 +231,7 @@ class WorkerPool(SlotPool[_Slot]):
         if self._slots.stopping:
             return
         if slot.leaving:  # retired (its process now gone, or parked) or taken back
-            self._bound_parked()
+            self._lot.bound()
             self._finish_leaving(slot)
             return
         # The core never saw a replaced worker go: it keeps its id.
@@ -261,7 +242,7 @@ class WorkerPool(SlotPool[_Slot]):
             process = None if found is None else await self._attach(slot, worker, found)
             if process is None:
                 process = self._wake(slot, worker)
-            self._bound_parked()  # after the wake: a switch back never gives up its own
+            self._lot.bound()  # after the wake: a switch back never gives up its own
             if process is None:
                 process = await self._launch(slot, worker, self._config(slot))
         finally:
@@ -377,15 +358,12 @@ class WorkerPool(SlotPool[_Slot]):
     def _wake(self, slot: _Slot, worker: WorkerId) -> Process | None:
         """Wake the worker parked holding the slot's load on its device, as the slot's
         incarnation `worker`; None when none is parked (or ready to be woken)."""
-        parked = next((p for p in self._parked if p.load == slot.load and p.gpu == slot.gpu
-                       and p.settled.is_set()), None)
+        assert slot.load is not None  # every slot of this pool is given one
+        parked = self._lot.take(slot.load, slot.gpu)
         if parked is None:
             return None
-        self._parked.remove(parked)
-        self._parked_changed()
         process = parked.process
         loop = asyncio.get_running_loop()
-        _unwatch(process)
         slot.ready, slot.exited = anyio.Event(), anyio.Event()
         slot.process, slot.pipe, slot.pid, slot.how = process, parked.pipe, process.pid, \
             StartKind.WAKE
@@ -511,69 +489,14 @@ class WorkerPool(SlotPool[_Slot]):
         """Tell the slot's idle incarnation to park; the slot's next start waits until it
         said so (its device free), `_reap`."""
         assert slot.process is not None and slot.pipe is not None and slot.loaded is not None
-        parked = _Parked(slot.loaded, slot.gpu, slot.process, slot.pipe, time.monotonic())
-        parked.pipe.rebind(functools.partial(self._parked_says, parked),
-                           functools.partial(self._parked_gone, parked))
-        parked.pipe.send(Park())
-        asyncio.get_running_loop().add_reader(parked.process.sentinel, self._parked_gone,
-                                              parked)
-        self._parked.append(parked)
+        parked = self._lot.park(slot.loaded, slot.gpu, slot.process, slot.pipe)
         slot.parking, slot.process, slot.pipe = parked, None, None
         log.info("worker %s (slot %d, pid %s) parks holding %s", slot.worker, slot.index,
                  parked.process.pid, parked.load.version)
-        self._parked_changed()  # bound once the slot's next start took what it wakes
 
-    def _parked_says(self, parked: _Parked, messages: list[object]) -> None:
-        if any(isinstance(m, Parked) for m in messages) and not parked.settled.is_set():
-            parked.rss = resident_bytes(parked.process.pid) if parked.process.pid else None
-            parked.settled.set()
-            self._bound_parked()
-            self._parked_changed()
-
-    def _parked_gone(self, parked: _Parked) -> None:
-        """A parked worker exited (killed, or its pipe broke): nothing to report, it held
-        no work; it is not woken."""
-        parked.settled.set()
-        if parked in self._parked:
-            self._parked.remove(parked)
-            log.warning("parked worker (pid %s, %s) is gone", parked.process.pid,
-                        parked.load.version)
-        self._forget(parked)
-        self._parked_changed()
-
-    def _bound_parked(self) -> None:
-        """Give up the oldest parked workers past `--parked-max` or the host-RAM budget,
-        sparing what a slot about to start may wake (its predecessor still parking)."""
-        budget = self._settings.parked_ram_mb
-        wanted = [(s.load, s.gpu) for s in self._slots if s.parking is not None]
-        spared = [p for p in self._parked if (p.load, p.gpu) in wanted]
-        while len(self._parked) > len(spared) and (  # the spared leave it as they wake
-                len(self._parked) - len(spared) > self._settings.parked_max or
-                (budget is not None and sum(p.rss or 0 for p in self._parked) > budget * MIB)):
-            oldest = next(p for p in self._parked if p not in spared)
-            log.info("parked worker (pid %s, %s) given up: %d parked, %d MiB", oldest.process.pid,
-                     oldest.load.version, len(self._parked),
-                     sum(p.rss or 0 for p in self._parked) // MIB)
-            self._give_up(oldest)
-
-    def _give_up(self, parked: _Parked) -> None:
-        """Tell a parked worker to exit; its exit is only collected."""
-        if parked in self._parked:
-            self._parked.remove(parked)
-            self._parked_changed()
-        loop = asyncio.get_running_loop()
-        _unwatch(parked.process)
-        parked.pipe.finish(Stop())
-        loop.add_reader(parked.process.sentinel, self._parked_gone, parked)
-
-    def _forget(self, parked: _Parked) -> None:
-        _unwatch(parked.process)
-        parked.pipe.close()
-        if parked.process.is_alive():
-            parked.process.kill()
-        parked.process.join(timeout=1)
-        if isinstance(parked.process, AttachedProcess):
-            parked.process.close()
+    def _spared(self) -> list[Place]:
+        """What the slots about to start may wake: their predecessors still parking."""
+        return [(s.load, s.gpu) for s in self._slots if s.parking is not None and s.load]
 
     async def _reap(self, slot: _Slot) -> None:
         """Wait until the replaced or switched process has exited, its memory freed,
@@ -586,7 +509,7 @@ class WorkerPool(SlotPool[_Slot]):
             if not parking.settled.is_set():
                 log.warning("parked worker (pid %s) did not free its device; ending it",
                             parking.process.pid)
-                self._give_up(parking)
+                self._lot.give_up(parking)
                 parking.process.kill()
         process = slot.retired
         if process is None:
@@ -690,19 +613,13 @@ class WorkerPool(SlotPool[_Slot]):
 
     def _detach(self, slot: _Slot) -> None:
         if slot.process is not None:
-            _unwatch(slot.process)
+            unwatch(slot.process)
             if isinstance(slot.process, AttachedProcess):  # its pidfd, watched no more
                 slot.process.close()
         if slot.pipe is not None:
             slot.pipe.close()
             slot.pipe = None
         self._slots.forget(slot.worker)
-
-
-def _unwatch(process: Process) -> None:
-    """Stop watching `process`'s exit (nothing when its pidfd is closed already)."""
-    if process.sentinel >= 0:
-        asyncio.get_running_loop().remove_reader(process.sentinel)
 
 
 __all__ = ["WorkerPool"]

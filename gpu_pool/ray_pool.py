@@ -57,7 +57,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +81,7 @@ from gpu_pool.ray_actor import (
 )
 from gpu_pool.ray_cluster import capacity, join, kill_actors, leave
 from gpu_pool.ray_cluster import lost_nodes as _lost_nodes
+from gpu_pool.ray_parking import ActorLot
 from gpu_pool.ray_settings import RayPoolSettings
 from gpu_pool.seam import PoolEvents, Unstarted
 from gpu_pool.slot_pool import SlotPool
@@ -103,22 +103,6 @@ class _Call:
     sentinel is the same reference as when it was first claimed, under another worker."""
 
     ref: ray.ObjectRef[Any]
-
-
-@dataclass(slots=True, eq=False)
-class _Parked:
-    """An actor let go that keeps its process, its weights in host memory, until a start
-    of its version wakes it, or it is given up (the oldest first)."""
-
-    load: Load
-    config: WorkerConfig  # what it holds: a start of the same wakes it
-    actor: Any
-    node: str
-    pid: int | None
-    sentinel: ray.ObjectRef[Any]  # its owner's call, pending while it lives: a woken one's
-    since: float  # when it was parked, on the monotonic clock
-    settled: anyio.Event = field(default_factory=anyio.Event)  # its park answered, or it died
-    gone: bool = False  # dead, or its park failed: not to be woken
 
 
 @dataclass(slots=True)
@@ -156,7 +140,8 @@ class RayPool(SlotPool[_Slot]):
         self._suspects: set[str] = set()  # `_died`'s nodes: the dead are told once checked
         self._deaths = anyio.Event()  # set when `_died` gains one
         self._generations: dict[int, int] = {}  # slot -> newest actor an earlier core named
-        self._parked: list[_Parked] = []  # oldest first
+        self._lot = ActorLot(settings.pool.parked_max, self._owner, self._spared,
+                             self._parked_changed)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def run(
@@ -187,7 +172,7 @@ class RayPool(SlotPool[_Slot]):
                 changed = self._slots.changed()  # before asking Ray: a change meanwhile counts
                 if self.ready_count() > 0:
                     fit = await anyio.to_thread.run_sync(capacity, self._settings.resources)
-                    room = self._placed() + len(self._parked) < fit
+                    room = self._placed() + len(self._lot) < fit
                     if self._slots.settled(count, stuck=() if room else (SlotState.PENDING,)):
                         break
                 with anyio.move_on_after(ROOM_RECHECK_S):  # Ray's room changes unannounced
@@ -199,10 +184,7 @@ class RayPool(SlotPool[_Slot]):
         local Ray if this pool started it."""
         self._slots.stop()
         actors = [a for s in self._slots for a in (s.actor, s.found) if a is not None]
-        actors += [p.actor for p in self._parked]
-        if self._parked:
-            self._parked.clear()
-            self._parked_changed()
+        actors += self._lot.stop()
         for slot in self._slots:
             self._slots.forget(slot.worker)
             slot.state, slot.actor, slot.found = SlotState.STOPPED, None, None
@@ -294,7 +276,7 @@ class RayPool(SlotPool[_Slot]):
         if self._slots.stopping:
             return
         if slot.leaving:  # retired (Ray says its actor is dead, or it parked) or taken back
-            self._bound_parked()
+            self._lot.bound()
             self._slots.remove(slot)
             return
         pool = self._settings.pool
@@ -305,11 +287,11 @@ class RayPool(SlotPool[_Slot]):
         config = self._config(slot.load)
         slot.loaded = slot.load
         actor, slot.found = slot.found, None  # an earlier core's: claimed once, at most
-        parked = self._take_parked(config) if actor is None else None
-        self._bound_parked()  # after the take: a switch back never gives up its own
+        parked = self._lot.take(config) if actor is None else None
+        self._lot.bound()  # after the take: a switch back never gives up its own
         if parked is not None:
             slot.actor = parked.actor  # killed should the pool stop or take the start back
-            parked = await self._settled(parked)
+            parked = await self._lot.settled(parked, STOP_GRACE_S)
             if slot.worker != worker or slot.state is not SlotState.PENDING:
                 return
         if parked is None and actor is None:
@@ -512,15 +494,12 @@ class RayPool(SlotPool[_Slot]):
     def parked(self) -> list[tuple[Load, int, int | None]]:
         """What is parked, oldest first: its load, its pid and the bytes it holds (None:
         not measured, its node may be another)."""
-        return [(p.load, p.pid or 0, None) for p in self._parked]
+        return [(p.load, p.pid or 0, None) for p in self._lot.held()]
 
     def start_kind(self, load: Load) -> StartKind:
         """How a start of `load` would come up now: woken when an actor holding it is
         parked, else spawned."""
-        config = self._config(load)
-        if any(p.config == config and not p.gone for p in self._parked):
-            return StartKind.WAKE
-        return StartKind.SPAWN
+        return StartKind.WAKE if self._lot.holds(self._config(load)) else StartKind.SPAWN
 
     def _parks(self, slot: _Slot) -> bool:
         """Whether the slot's idle actor, let go, parks rather than dies: parking is on, it
@@ -531,98 +510,28 @@ class RayPool(SlotPool[_Slot]):
             slot.sentinel is not None and slot.loaded is not None
 
     def _park(self, slot: _Slot) -> None:
-        """Tell the slot's idle actor to park and keep it; the slot's next start does not
-        wait for it (its room is its own)."""
+        """Tell the slot's idle actor to park and keep it (`gpu_pool.ray_parking`); the
+        slot's next start does not wait for it (its room is its own)."""
         assert slot.sentinel is not None and slot.loaded is not None
-        parked = _Parked(slot.loaded, self._config(slot.loaded), slot.actor, slot.node,
-                         slot.pid, slot.sentinel, time.monotonic())
+        actor, sentinel = slot.actor, slot.sentinel
         slot.calls.clear()  # its sentinel answers the parked entry now, no death of a worker's
         slot.actor, slot.sentinel = None, None
-        self._parked.append(parked)
-        self._watch(parked, parked.sentinel, self._parked_gone)
-        try:
-            ref = parked.actor.park.remote(self._owner)
-        except RayError:  # this process lost Ray itself
-            self._parked_gone(parked, None)
-            return
-        self._watch(parked, ref, self._parked_says)
-        log.info("worker %s (slot %d, node %s, pid %s) parks holding %s", slot.worker,
-                 slot.index, parked.node, parked.pid, parked.load.version)
-        self._parked_changed()
-        self._bound_parked()
-
-    def _watch(
-        self, parked: _Parked, ref: ray.ObjectRef[Any],
-        then: Callable[[_Parked, concurrent.futures.Future[Any] | None], None],
-    ) -> None:
-        """Run `then` on the event loop once `ref`, a parked actor's call, is answered."""
-        loop = self._loop
-        assert loop is not None
-
-        def done(future: concurrent.futures.Future[Any]) -> None:  # in a Ray thread
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(then, parked, future)
-
-        ref.future().add_done_callback(done)
-
-    def _parked_says(
-        self, parked: _Parked, future: concurrent.futures.Future[Any] | None,
-    ) -> None:
-        if future is None or future.exception() is not None:  # died, or refused to park
-            self._parked_gone(parked, future)
-        elif not parked.settled.is_set():
-            parked.settled.set()
-            self._parked_changed()
-
-    def _parked_gone(
-        self, parked: _Parked, future: concurrent.futures.Future[Any] | None,
-    ) -> None:
-        """A parked actor died (its sentinel call ended) or failed to park: nothing to
-        report, it held no work; it is not woken. Nothing for one woken or given up."""
-        parked.gone = True
-        parked.settled.set()
-        if parked in self._parked:
-            self._parked.remove(parked)
-            log.warning("parked actor (node %s, pid %s, %s) is gone", parked.node,
-                        parked.pid, parked.load.version)
-            kill_actors([parked.actor])  # one that failed to park holds its room still
-            self._parked_changed()
-
-    def _take_parked(self, config: WorkerConfig) -> _Parked | None:
-        """The oldest actor parked holding `config`, out of the parked list; None if none."""
-        parked = next((p for p in self._parked if p.config == config and not p.gone), None)
+        parked = self._lot.park(slot.loaded, self._config(slot.loaded), actor, slot.node,
+                                slot.pid, sentinel)
         if parked is not None:
-            self._parked.remove(parked)
-            self._parked_changed()
-        return parked
+            log.info("worker %s (slot %d, node %s, pid %s) parks holding %s", slot.worker,
+                     slot.index, parked.node, parked.pid, parked.load.version)
 
-    async def _settled(self, parked: _Parked) -> _Parked | None:
-        """`parked` once its park answered (a wake must not run before it: an actor's
-        calls run in threads, in no set order); None, and it is killed, if it died, failed
-        or took longer than `STOP_GRACE_S`."""
-        with anyio.move_on_after(STOP_GRACE_S):
-            await parked.settled.wait()
-        if parked.settled.is_set() and not parked.gone:
-            return parked
-        log.warning("parked actor (node %s, pid %s) could not be woken; starting another",
-                    parked.node, parked.pid)
-        kill_actors([parked.actor])
-        return None
-
-    def _bound_parked(self) -> None:
-        """Kill the oldest parked actors past `--parked-max`, sparing what a slot about to
-        start may wake (one let go for another version, its start not yet under way)."""
-        wanted = {self._config(s.load) for s in self._slots if s.load is not None and
-                  s.actor is None and s.state is SlotState.PENDING and not s.leaving}
-        spared = [p for p in self._parked if p.config in wanted]
-        while len(self._parked) - len(spared) > self._settings.pool.parked_max:
-            oldest = next(p for p in self._parked if p not in spared)
-            self._give_up(oldest, f"{len(self._parked)} parked")
+    def _spared(self) -> set[WorkerConfig]:
+        """What slots about to start may wake: one let go for another version, its start
+        not yet under way."""
+        return {self._config(s.load) for s in self._slots if s.load is not None and
+                s.actor is None and s.state is SlotState.PENDING and not s.leaving}
 
     async def _make_room(self, slot: _Slot) -> None:
-        """Kill the oldest parked actors while the cluster's nodes have no room for one
+        """Give up the oldest parked actors while the cluster's nodes have no room for one
         more actor beside them and the pool's others: a parked actor holds its room."""
-        if not self._parked:
+        if not self._lot:
             return
         fit: int | None = None
         with anyio.move_on_after(NODE_CHECK_S), contextlib.suppress(RayError):
@@ -632,17 +541,7 @@ class RayPool(SlotPool[_Slot]):
             return
         held = sum(s is not slot and s.actor is not None and
                    (s.state in _PLACED or s.state is SlotState.PENDING) for s in self._slots)
-        while self._parked and held + len(self._parked) >= fit:
-            self._give_up(self._parked[0], f"the cluster has room for {fit} workers")
-
-    def _give_up(self, parked: _Parked, why: str) -> None:
-        """Kill a parked actor; its death (its sentinel failing) is only noted."""
-        if parked in self._parked:
-            self._parked.remove(parked)
-            self._parked_changed()
-        log.info("parked actor (node %s, pid %s, %s) given up: %s", parked.node, parked.pid,
-                 parked.load.version, why)
-        kill_actors([parked.actor])
+        self._lot.make_room(fit, held)
 
     # -- scaling (`gpu_pool.slot_pool`) -------------------------------------------------------
     def _new_slot(self, index: int, load: Load) -> _Slot:
