@@ -104,3 +104,42 @@ def test_a_signal_more_while_a_stopped_server_exits_leaves_its_status(name: str)
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (128 + getattr(signal, name),
                                               f"batchgate: stopped by {name}\n")
+
+
+LOST_CTRL_C = """
+import os, signal, sys, weakref
+import api.door
+from loadtest.server import free_port
+
+
+def build(settings, identity=None):  # the server's build, where Ctrl-C lands in a callback
+    class Thing:
+        pass
+
+    def landed(_):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):  # the handler runs in here, inside the weakref callback
+            pass
+
+    thing = Thing()
+    ref = weakref.ref(thing, landed)
+    del thing
+    print("the start went on", flush=True)
+    return None
+
+
+api.door.build = build
+from api.cli import main
+sys.exit(main(["serve", "--model", "sim", "--port", str(free_port())]))
+"""
+
+
+def test_ctrl_c_before_the_server_runs_is_never_lost_in_a_callback() -> None:
+    """Python ignores a KeyboardInterrupt raised in a weakref callback or a finalizer (it
+    prints 'Exception ignored'): the start then went on to serve, and the start-up's Ctrl-C
+    test waited a minute for it. Before a server takes Ctrl-C over, it stops the process."""
+    done = subprocess.run([sys.executable, "-c", LOST_CTRL_C], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=60)
+    assert "the start went on" not in done.stdout, done.stderr
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        128 + signal.SIGINT, "batchgate: stopped by SIGINT"), done.stderr
