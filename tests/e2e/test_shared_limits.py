@@ -105,7 +105,11 @@ async def test_an_accounts_rate_limit_holds_across_two_cells_sharing_redis(
     assert {s for c in got for s in c} <= {200, 429}, got
     # +1: the script's refill is in floating point; a whole extra request would be a leak.
     assert sum(admitted) <= allowed + 1, (admitted, allowed, "Redis calls failed:", errors)
-    assert sum(admitted) >= 0.7 * allowed, (admitted, allowed)  # the bucket was used
+    # The bucket was used: the burst at least. How much of the refill is admitted depends on
+    # how much of the window the servers' loops checked (on two busy cores a loop starts
+    # late: 48 of 85 once); the refill itself is pinned against Redis in
+    # tests/api/door/test_shared_limits.py.
+    assert sum(admitted) >= BURST, (admitted, allowed)
     # Each server alone was offered more than the account's whole allowance and admitted
     # some of it: with a bucket per cell, each would have admitted about `allowed`.
     assert all(sum(c.values()) > allowed and c[200] > 0 for c in got), (got, allowed)
