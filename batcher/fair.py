@@ -79,13 +79,16 @@ class FairLane:
         self.served: dict[str | None, int] = {}  # items cut so far, by account
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
-        """New weights (a keys file read again): an account queued now is served at its new
-        weight from its head on, one that comes later at its own. Its tag so far stands."""
+        """New weights (a keys file read again): the accounts queued now share by them from
+        here, as if each had just come (its tag counts from V: no credit or debt kept from
+        the old weights, which would be charged at the new ones); one that comes later
+        at its own."""
         self._weights = weights
         heap = self._heap
         heap.clear()
         for flow in self._flows.values():  # each holds a live head
             flow.rate = self._new_flow_rate(flow.account)
+            flow.start = self._vtime
             self._seq += 1
             flow.seq = self._seq
             heap.append((flow.finish(), self._seq, flow))
