@@ -151,21 +151,16 @@ def check_port(host: str, port: int, flag: str = "--port") -> None:
 
 
 def stop_now(sig: int, frame: object) -> None:
-    """Ctrl-C before a server handles it: nothing is started yet, so the process ends here
-    with its line. Not a KeyboardInterrupt: one raised in a weakref callback or a finalizer
-    (the imports and the building of a server run many) is printed and ignored, and the
-    start went on to serve (the start-up's Ctrl-C test caught it: 'Exception ignored in
-    ... KeyboardInterrupt', then 'Application startup complete')."""
+    """Ctrl-C before a server handles it (uvicorn's, from the first step of its task:
+    `api.http.DrainingServer.serve`; a cell's supervisor's loop handlers): nothing is
+    started yet, so the process ends here with its line. Not a KeyboardInterrupt: one
+    raised in a weakref callback or a finalizer (the imports and the building of a server
+    run many) is printed and ignored, and the start went on to serve (the start-up's
+    Ctrl-C test caught it: 'Exception ignored in ... KeyboardInterrupt', then 'Application
+    startup complete')."""
     sys.stderr.write(f"{PROG}: stopped by {signal.Signals(sig).name}\n")
     sys.stderr.flush()
     os._exit(128 + sig)
-
-
-def handing_over() -> None:
-    """uvicorn is about to start the server and takes Ctrl-C over from its first moments
-    (until its handlers are in, Python's own). A cell's supervisor takes it over as it
-    starts its children (its loop's signal handlers replace `stop_now`)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def interrupted(sig: int) -> int:
@@ -299,7 +294,6 @@ def serve(args: argparse.Namespace) -> int:
     built = build(settings, identity=identity)
     config = server_config(built.app, settings, built.direct)
     server = DrainingServer(config, settings.drain_delay_s, built.service.leave)
-    handing_over()
     server.run()
     return 0 if server.interrupted is None else interrupted(server.interrupted)
 

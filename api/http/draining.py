@@ -8,18 +8,25 @@ drains the core, and the process exits 0. A second signal skips what is left of 
 (and ends as uvicorn ends on a signal).
 
 A signal while the lifespan still starts (the models loading) has nothing to drain: the
-start is cancelled at once (the pool's own clean-up stops the workers), `run` returns and
-`interrupted` names the signal; the lifespan's cancellation is not reported as a failure.
+start is cancelled at once (the lifespan's task: the pool's own clean-up stops the workers),
+`run` returns and `interrupted` names the signal; the lifespan's cancellation is not
+reported as a failure.
+Until the first step of `serve`, Ctrl-C is the command line's (`api.cli.stop_now`: nothing
+is started yet); from there uvicorn's, as it hands it back to Python's own handler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from socket import socket
 from types import FrameType
+from typing import cast
 
 import uvicorn
 
@@ -51,6 +58,10 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket] | None = None) -> None:
         self._serving = asyncio.current_task()
+        if threading.current_thread() is threading.main_thread():
+            # Ctrl-C is uvicorn's from here (`capture_signals`), Python's after it; until
+            # now it was the command line's, which ends a process that started nothing.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         await super().serve(sockets)
 
     def run(self, sockets: list[socket] | None = None) -> None:
@@ -58,21 +69,51 @@ class DrainingServer(uvicorn.Server):
         starting."""
         try:
             super().run(sockets)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, SystemExit):  # the serve, or the lifespan, cancelled
             if self.interrupted is None:
                 raise
 
     def _stop_starting(self, sig: int) -> None:
-        """From the signal handler: cancel the start (a second signal meanwhile does the
-        same, at once)."""
-        if self.interrupted is None:
-            self.interrupted = sig
-            self._leaving()
-            # The lifespan's task is cancelled with the loop: not a failed start to report.
-            logging.getLogger("uvicorn.error").disabled = True
+        """From the signal handler: stop the start, once (a second signal while it stops
+        changes nothing: the stop is under way)."""
+        if self.interrupted is not None:
+            return
+        self.interrupted = sig
+        self._leaving()
+        # The lifespan ends cancelled: not a failed start to report.
+        logging.getLogger("uvicorn.error").disabled = True
         serving = self._serving
         if serving is not None:
-            serving.get_loop().call_soon_threadsafe(serving.cancel)
+            serving.get_loop().call_soon_threadsafe(self._cancel_start)
+
+    def _cancel_start(self) -> None:
+        """Cancel the lifespan's task and have the serve exit: the lifespan's anyio tasks
+        unwind as anyio cancels them, the lifespan fails, and uvicorn's serve returns with
+        none of them left. Cancelled from the serve instead, they were left to asyncio's
+        close, which cancels every task at once, and anyio (4.16) then waited for good in
+        `TaskGroup.start` for a child cancelled before its first step (the start-up's
+        Ctrl-C test hung). Before the lifespan's task has run, the serve is cancelled: no
+        task of the lifespan's is there yet."""
+        self.should_exit = True
+        lifespan = self._lifespan_task()
+        if lifespan is not None:
+            lifespan.cancel()
+        elif self._serving is not None:
+            self._serving.cancel()
+
+    def _lifespan_task(self) -> asyncio.Task[object] | None:
+        """uvicorn's lifespan task (`LifespanOn.main`), once it has started."""
+        lifespan = getattr(self, "lifespan", None)
+        if lifespan is None:
+            return None
+        for task in asyncio.all_tasks():
+            coro = task.get_coro()
+            frame = getattr(coro, "cr_frame", None)
+            if frame is not None and frame.f_locals.get("self") is lifespan and \
+                    inspect.getcoroutinestate(cast(Coroutine[object, object, object], coro)) \
+                    != inspect.CORO_CREATED:
+                return task
+        return None
 
 
 __all__ = ["DrainingServer"]
