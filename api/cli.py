@@ -158,9 +158,13 @@ def stop_now(sig: int, frame: object) -> None:
     run many) is printed and ignored, and the start went on to serve (the start-up's
     Ctrl-C test caught it: 'Exception ignored in ... KeyboardInterrupt', then 'Application
     startup complete')."""
-    sys.stderr.write(f"{PROG}: stopped by {signal.Signals(sig).name}\n")
+    say_stopped(sig)
     sys.stderr.flush()
     os._exit(128 + sig)
+
+
+def say_stopped(sig: int) -> None:
+    print(f"{PROG}: stopped by {signal.Signals(sig).name}", file=sys.stderr)
 
 
 def interrupted(sig: int) -> int:
@@ -169,7 +173,7 @@ def interrupted(sig: int) -> int:
     signal is ignored from here on, so it ends with that status, not by the signal (the
     start-up's Ctrl-C test saw about one run in fifteen end by SIGINT after this line)."""
     signal.signal(sig, signal.SIG_IGN)
-    print(f"{PROG}: stopped by {signal.Signals(sig).name}", file=sys.stderr)
+    say_stopped(sig)
     return 128 + sig
 
 

@@ -265,3 +265,14 @@ def test_the_server_has_what_the_gateway_and_draining_use() -> None:
     assert inspect.iscoroutinefunction(uvicorn.Server.on_tick)  # DrainingServer awaits it
     for name in SERVER_SOCKETS:
         assert "sockets" in inspect.signature(getattr(server, name)).parameters, name
+
+
+def test_the_lifespan_task_draining_cancels_is_found_as_it_looks_for_it() -> None:
+    """`DrainingServer._lifespan_task` looks for the task running `self.lifespan.main()`
+    (uvicorn's serve sets `lifespan`; its startup runs `main` in a task of its own)."""
+    from uvicorn.lifespan.on import LifespanOn
+
+    assert "self.lifespan = config.lifespan_class(config)" in inspect.getsource(
+        uvicorn.Server._serve)
+    assert "create_task(self.main())" in inspect.getsource(LifespanOn.startup)
+    assert inspect.iscoroutinefunction(LifespanOn.main)
