@@ -1,6 +1,7 @@
 """The catalogue of models changed while serving, in the core's process: the admin API
 (`GET /admin/models`, `PUT /admin/models/{name}`, `DELETE
-/admin/models/{name}/versions/{version}`) and SIGHUP's re-read of `--models`.
+/admin/models/{name}/versions/{version}`, `DELETE /admin/models/{name}/overrides`) and
+SIGHUP's re-read of `--models`.
 
 Every change makes a new catalogue, checked as a file is, and hands it to the cores in a
 turn of their owner taken at once; a change that would leave it invalid changes nothing and
@@ -99,7 +100,9 @@ class ModelsAdmin:
 
     def call(self, method: str, name: str | None, version: str | None, body: bytes
              ) -> Answer:
-        """One admin request, routed by method and path parts."""
+        """One admin request, routed by method and path parts: DELETE with a `version`
+        retires it, DELETE with a `name` alone drops the admin's changes to that model
+        (`DELETE /admin/models/{name}/overrides`)."""
         try:
             if method == "GET":
                 return 200, self.view()
@@ -110,6 +113,8 @@ class ModelsAdmin:
                 if serving is not None:
                     return _refuse("version_serving", serving)
                 return self._apply(self._cores.catalogue.retire(name, version), name)
+            if method == "DELETE" and name is not None:
+                return self._forget(name)
         except CatalogueError as exc:
             return _refuse("invalid_change", str(exc))
         except LookupError as exc:
@@ -156,6 +161,25 @@ class ModelsAdmin:
             self._overrides.record(self._cores.catalogue, catalogue, name)
         except OSError as exc:
             log.error("an admin change to %s was not kept, nothing changed: %s", name, exc)
+            return _refuse("change_not_kept", f"the change could not be kept ({exc}); "
+                           "nothing changed")
+        self._serve(catalogue)
+        return 200, self.view()
+
+    def _forget(self, name: str) -> Answer:
+        """Serve `name` as the file says: every setting the admin set and every version
+        the admin retired goes back to the file's (a version brought back is cold: it loads
+        when asked for, or as its weight or default needs it)."""
+        served, file = self._cores.catalogue, self._overrides.file
+        if name not in served.models or file is None or name not in file.models:
+            raise LookupError(f"no model {name!r} in the catalogue")
+        catalogue = Catalogue({**served.models, name: file.models[name]})
+        self._check(catalogue)
+        try:  # as `_apply`: kept before it is served
+            self._overrides.forget(name)
+        except OSError as exc:
+            log.error("the admin's changes to %s were not dropped, nothing changed: %s",
+                      name, exc)
             return _refuse("change_not_kept", f"the change could not be kept ({exc}); "
                            "nothing changed")
         self._serve(catalogue)

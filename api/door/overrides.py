@@ -1,7 +1,8 @@
 """The admin API's changes to the catalogue, kept on top of the models file.
 
 A catalogue is served as the file says with the admin's changes laid over it: the settings a
-`PUT /admin/models/{name}` set and the versions a `DELETE .../versions/{v}` retired. A
+`PUT /admin/models/{name}` set and the versions a `DELETE .../versions/{v}` retired, until
+`DELETE /admin/models/{name}/overrides` drops them all for that model. A
 SIGHUP's re-read of the file lays them over it again; a cell's core also writes them beside
 the file it reads, the supervisor's kept copy (`<models>.admin.json`, replaced atomically),
 before they are served, so the core that starts after it lays them over the file too.
@@ -136,6 +137,15 @@ class Overrides:
                 retired.setdefault(name, set()).add(version)
         self._write(_tidy(settings), _tidy(retired))
         self.settings, self.retired = _tidy(settings), _tidy(retired)
+
+    def forget(self, name: str) -> None:
+        """Drop every change the admin made to `name`: the file's settings and versions
+        are served for it again. Raises OSError, and then drops nothing, when the kept copy
+        cannot be written."""
+        settings = {m: kept for m, kept in self.settings.items() if m != name}
+        retired = {m: versions for m, versions in self.retired.items() if m != name}
+        self._write(settings, retired)
+        self.settings, self.retired = settings, retired
 
     def set_by_admin(self, name: str) -> list[str]:
         """The settings of `name` the admin API set (the others are the file's)."""

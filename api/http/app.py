@@ -53,6 +53,7 @@ def http_app(routes: Routes, lifespan: Lifespan, extra: Sequence[BaseRoute] = ()
             Route("/admin/models/{name}", routes.admin_models, methods=["PUT"]),
             Route("/admin/models/{name}/versions/{version}", routes.admin_models,
                   methods=["DELETE"]),
+            Route("/admin/models/{name}/overrides", routes.admin_models, methods=["DELETE"]),
             *openapi_routes(routes.limits, extra),
         ],
         exception_handlers={HTTPException: _http_error, BatchgateError: _refused,

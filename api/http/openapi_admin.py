@@ -207,6 +207,15 @@ def admin_retire() -> JsonObject:
                   path=("name", "version"))
 
 
+def admin_forget() -> JsonObject:
+    return _admin("drop every change the admin API made to a model (its settings, the "
+                  "versions it retired): the models file's are served again; a version "
+                  "brought back is cold until asked for",
+                  MODELS_REF, {404: ("not_found",), 422: ("invalid_change",),
+                               503: ("change_not_kept",)},
+                  path=("name",))
+
+
 __all__ = ["CAPACITY", "MODELS_EXAMPLE", "VERSION_STATES", "WORKER_FIELDS", "WORKER_STATES",
-           "admin_change", "admin_models", "admin_retire", "admin_workers",
+           "admin_change", "admin_forget", "admin_models", "admin_retire", "admin_workers",
            "model_change_schema", "models_schema", "worker_schema"]

@@ -211,7 +211,8 @@ class Routes:
 
     async def admin_models(self, request: Request) -> Response:
         """GET /admin/models, PUT /admin/models/{name},
-        DELETE /admin/models/{name}/versions/{version}: the core answers."""
+        DELETE /admin/models/{name}/versions/{version} and .../{name}/overrides: the core
+        answers (a DELETE without a version is the overrides')."""
         if not self.keys.is_admin(request.headers.get("authorization")):
             return error_response("unauthorized", "an admin key is required")
         params = request.path_params

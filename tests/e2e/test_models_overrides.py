@@ -69,3 +69,31 @@ async def test_a_version_retired_by_the_admin_stays_retired_when_the_core_dies(
         os.kill(dead, signal.SIGKILL)
         await new_core(srv, dead, within=60)
         await assert_v2_retired(srv)
+
+
+async def test_the_admins_changes_dropped_serve_the_file_again(
+    tmp_path: Path, gateways: int,
+) -> None:
+    """A version retired by mistake comes back without a restart (in a cell, the request
+    crosses the link to the core)."""
+    args = [*KEYS, *catalogue(tmp_path, MODELS)]
+    with running_server(workers=2, args=args) as srv:  # one for v2 beside v1
+        await retire_v2(srv)
+        await assert_v2_retired(srv)
+        async with httpx.AsyncClient(base_url=srv.url, headers=ADMIN, timeout=10) as client:
+            r = await client.delete("/admin/models/a/overrides")
+            assert r.status_code == 200, r.text
+            refused = await client.delete("/admin/models/nope/overrides")
+            assert refused.status_code == 404
+            assert refused.json()["error"]["code"] == "not_found"
+        (v2,) = [v for v in (await models_view(srv.url))["a"]["versions"]
+                 if v["version"] == "v2"]
+        assert (v2["state"], v2["retired_by_admin"]) == ("cold", False)
+        first = await ask(srv.url, "a@v2")  # starts its load on the second worker
+        if first.status_code != 200:  # its load outlasts the request's deadline
+            assert first.json()["error"]["code"] == "model_loading", first.text
+            await wait_models(srv.url, lambda view: any(
+                v["version"] == "v2" and v["state"] == "resident"
+                for v in view["a"]["versions"]))
+            r = await ask(srv.url, "a@v2")
+            assert r.status_code == 200, r.text

@@ -237,8 +237,28 @@ def test_delete_of_the_default_or_of_nothing_is_refused() -> None:
     assert admin.woken == 0
 
 
+def test_delete_of_the_overrides_serves_the_models_file_again() -> None:
+    admin = Admin()
+    admin.call("PUT", "topics", body={"weights": {"v1": 100, "v2": 0}, "max_workers": 2})
+    assert admin.call("DELETE", "topics", "v2")[0] == 200
+    status, view = admin.call("DELETE", "topics")
+    topics = next(m for m in view["models"] if m["name"] == "topics")
+    assert status == 200 and (topics["weights"], topics["max_workers"]) == ({}, 3)
+    assert topics["set_by_admin"] == []
+    (v2,) = [v for v in topics["versions"] if v["version"] == "v2"]
+    assert (v2["state"], v2["retired_by_admin"]) == ("cold", False)
+    assert "topics@v2" in admin.catalogue.versions()
+    assert admin.call("DELETE", "topics") == (200, view)  # again: the same
+
+
+def test_delete_of_the_overrides_of_an_unknown_model_is_not_found() -> None:
+    admin = Admin()
+    refused(admin.call("DELETE", "nope"), 404, "not_found")
+    assert admin.woken == 0
+
+
 @pytest.mark.parametrize(("method", "name", "version"), [
-    ("POST", "topics", None), ("PUT", "topics", "v1"), ("DELETE", "topics", None),
+    ("POST", "topics", None), ("PUT", "topics", "v1"), ("DELETE", None, None),
     ("PUT", None, None), ("PATCH", "topics", None),
 ])
 def test_other_methods_and_paths_are_not_allowed(method: str, name: str | None,

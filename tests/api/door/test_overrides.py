@@ -115,6 +115,31 @@ def test_a_setting_put_back_to_the_files_value_is_the_files_again(tmp_path: Path
     assert served.model("topics")["max_workers"] == 2  # the file's, now
 
 
+def test_the_overrides_dropped_are_dropped_from_the_kept_file_too(tmp_path: Path) -> None:
+    served = Served(tmp_path, FILE)
+    assert served.call("PUT", "topics", body={"max_workers": 2})[0] == 200
+    assert served.call("DELETE", "topics", "v2")[0] == 200
+    assert served.call("PUT", "other", body={"min_workers": 1})[0] == 200
+    assert served.call("DELETE", "topics")[0] == 200
+    kept = orjson.loads((tmp_path / ("models.toml" + SUFFIX)).read_bytes())
+    assert (kept["retired"], list(kept["settings"])) == ({}, ["other"])
+    again = Served(tmp_path)  # a core that starts again: the file's topics, the admin's other
+    assert again.model("topics")["max_workers"] == 3
+    assert again.version("topics", "v2")["retired_by_admin"] is False
+    assert again.model("other")["set_by_admin"] == ["min_workers"]
+
+
+def test_overrides_that_cannot_be_dropped_from_the_kept_file_stay(tmp_path: Path) -> None:
+    served = Served(tmp_path, FILE)
+    assert served.call("DELETE", "topics", "v2")[0] == 200
+    (tmp_path / ("models.toml" + SUFFIX + ".new")).mkdir()  # where it is written first
+    before = served.world.cores.catalogue
+    message = refused(served.call("DELETE", "topics"), 503, "change_not_kept")
+    assert "nothing changed" in message
+    assert served.world.cores.catalogue is before
+    assert served.version("topics", "v2")["retired_by_admin"] is True
+
+
 def test_a_change_that_cannot_be_kept_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     served = Served(tmp_path, FILE)
     (tmp_path / ("models.toml" + SUFFIX + ".new")).mkdir()  # where it is written first

@@ -70,7 +70,8 @@ def test_each_error_status_lists_exactly_the_codes_of_the_catalogue() -> None:
 def test_the_admin_api_of_the_models_is_documented_with_its_own_codes() -> None:
     paths = DOC["paths"]
     operations = [paths["/admin/models"]["get"], paths["/admin/models/{name}"]["put"],
-                  paths["/admin/models/{name}/versions/{version}"]["delete"]]
+                  paths["/admin/models/{name}/versions/{version}"]["delete"],
+                  paths["/admin/models/{name}/overrides"]["delete"]]
     assert all(op["security"] == [{"adminKey": []}] for op in operations)
     codes = {code for op in operations for status, response in op["responses"].items()
              if status != "200" for code in codes_of(response)}

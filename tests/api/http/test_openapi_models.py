@@ -85,6 +85,11 @@ def test_an_unknown_model_or_version_is_a_documented_404(admin: ModelsAdmin) -> 
         assert str(status) in documented["responses"] and body["error"]["code"] == "not_found"
     status, body = admin.call("DELETE", "topics", "v1", b"")  # the default
     assert status == 422 and body["error"]["code"] == "invalid_change"
+    forget = DOC["paths"]["/admin/models/{name}/overrides"]["delete"]
+    status, body = admin.call("DELETE", "nope", None, b"")
+    assert str(status) in forget["responses"] and body["error"]["code"] == "not_found"
+    status, view = admin.call("DELETE", "topics", None, b"")
+    assert status == 200 and valid(SCHEMAS["Models"], view)
 
 
 def test_readyz_names_each_versions_state(admin: ModelsAdmin) -> None:
