@@ -8,9 +8,9 @@ drains the core, and the process exits 0. A second signal skips what is left of 
 (and ends as uvicorn ends on a signal).
 
 A signal while the lifespan still starts (the models loading) has nothing to drain: the
-start is cancelled at once (the lifespan's task: the pool's own clean-up stops the workers),
-`run` returns and `interrupted` names the signal; the lifespan's cancellation is not
-reported as a failure.
+start is cancelled at once (the lifespan's task: the pool's own clean-up stops the workers;
+one made but not yet run, a loop pass later, once it has), `run` returns and `interrupted`
+names the signal; the lifespan's cancellation is not reported as a failure.
 Until the first step of `serve`, Ctrl-C is the command line's (`api.cli.stop_now`: nothing
 is started yet); from there uvicorn's, as it hands it back to Python's own handler.
 """
@@ -96,22 +96,28 @@ class DrainingServer(uvicorn.Server):
         task of the lifespan's is there yet."""
         self.should_exit = True
         lifespan = self._lifespan_task()
-        if lifespan is not None:
+        if lifespan is None:
+            if self._serving is not None:
+                self._serving.cancel()
+        elif inspect.getcoroutinestate(
+                cast(Coroutine[object, object, object], lifespan.get_coro())) \
+                == inspect.CORO_CREATED:
+            # Made, not yet run (the signal came in the serve's step that made it): its
+            # first step is due before this again. Cancelling the serve now would leave it
+            # to start the service and be cancelled by asyncio's close (the same hang, about
+            # one start in a hundred interrupted at random).
+            asyncio.get_running_loop().call_soon(self._cancel_start)
+        else:
             lifespan.cancel()
-        elif self._serving is not None:
-            self._serving.cancel()
 
     def _lifespan_task(self) -> asyncio.Task[object] | None:
-        """uvicorn's lifespan task (`LifespanOn.main`), once it has started."""
+        """uvicorn's lifespan task (`LifespanOn.main`), once it is made."""
         lifespan = getattr(self, "lifespan", None)
         if lifespan is None:
             return None
         for task in asyncio.all_tasks():
-            coro = task.get_coro()
-            frame = getattr(coro, "cr_frame", None)
-            if frame is not None and frame.f_locals.get("self") is lifespan and \
-                    inspect.getcoroutinestate(cast(Coroutine[object, object, object], coro)) \
-                    != inspect.CORO_CREATED:
+            frame = getattr(task.get_coro(), "cr_frame", None)
+            if frame is not None and frame.f_locals.get("self") is lifespan:
                 return task
         return None
 
