@@ -157,7 +157,9 @@ def stop_now(sig: int, frame: object) -> None:
     raised in a weakref callback or a finalizer (the imports and the building of a server
     run many) is printed and ignored, and the start went on to serve (the start-up's
     Ctrl-C test caught it: 'Exception ignored in ... KeyboardInterrupt', then 'Application
-    startup complete')."""
+    startup complete'). The signal is ignored first: a second Ctrl-C landing while the line
+    is written would write it again, into the middle of the first."""
+    signal.signal(sig, signal.SIG_IGN)
     say_stopped(sig)
     sys.stderr.flush()
     os._exit(128 + sig)

@@ -143,3 +143,45 @@ def test_ctrl_c_before_the_server_runs_is_never_lost_in_a_callback() -> None:
     assert "the start went on" not in done.stdout, done.stderr
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         128 + signal.SIGINT, "batchgate: stopped by SIGINT"), done.stderr
+
+
+TWO_CTRL_C = """
+import os, signal, sys
+import api.cli
+
+
+class Pressed:  # a second Ctrl-C lands while the first one's line is written
+    def __init__(self, out):
+        self.out, self.pressed = out, False
+
+    def write(self, text):
+        written = self.out.write(text)
+        if not self.pressed:
+            self.pressed = True
+            self.out.flush()
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100_000):  # a handler of it would run in here
+                pass
+        return written
+
+    def flush(self):
+        self.out.flush()
+
+
+sys.stderr = Pressed(sys.stderr)
+signal.signal(signal.SIGINT, api.cli.stop_now)
+os.kill(os.getpid(), signal.SIGINT)
+for _ in range(100_000):
+    pass
+print("not stopped", flush=True)
+"""
+
+
+def test_a_second_ctrl_c_while_the_first_stops_the_start_writes_nothing_more() -> None:
+    """Two Ctrl-C at once (the start-up's test sends two) wrote the line twice, the second
+    into the middle of the first: 'stopped by SIGINTbatchgate: stopped by SIGINT'."""
+    done = subprocess.run([sys.executable, "-c", TWO_CTRL_C], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=60)
+    assert "not stopped" not in done.stdout, done.stderr
+    assert (done.returncode, done.stderr) == (
+        128 + signal.SIGINT, "batchgate: stopped by SIGINT\n"), done.stderr
