@@ -158,9 +158,11 @@ class Routes:
                    None if self.tracing is None else trace_job(self, headers))
 
     def traced(self, job: Job, headers: Mapping[str, str], status: int, elapsed: float,
-               model: str = "", name: str = "POST /v1/batchstring") -> None:
+               model: str = "", name: str = "POST /v1/batchstring",
+               more: Mapping[str, str | int | bool] | None = None) -> None:
         """The request span of a traced job (`job.trace`), ended now, `elapsed` seconds
-        long: a child of the request's `traceparent`, if it brought one. Never raises."""
+        long: a child of the request's `traceparent`, if it brought one; `more`: attributes
+        of its own (a stream's). Never raises."""
         if self.tracing is None or job.trace is None:
             return
         parent, _ = request_context(headers.get("traceparent"))
@@ -170,7 +172,7 @@ class Routes:
         end = time.monotonic()
         self.tracing.emit(name, parent, end - elapsed, end, {
             "batchgate.tier": job.principal.tier.label, "http.response.status_code": status,
-            "batchgate.model": model or job.model or ""},
+            "batchgate.model": model or job.model or "", **(more or {})},
             span_id=own.span_id, trace_id=own.trace_id, server=True)
 
     def record_later(self, tier: str, status: int, elapsed: float,

@@ -5,6 +5,10 @@ work), then its events as its parts are answered (`StreamRun`).
 
 Refusals before anything is admitted (400, 401, 413, 415, 422, 429, 503, 504) are plain
 JSON answers; once the head of a stream is sent, whatever happens to an input is an event.
+
+Traced (`--otlp-endpoint`), a stream is one request span from its head to its end, with
+its inputs and whether it finished; its parts are not traced on their own (a part's spans in
+the core would each read as a request's).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -26,6 +30,7 @@ from api.errors import ApiError, error_response, to_api_error
 from api.http import (
     Framing,
     HttpCall,
+    Job,
     Limits,
     ReceiveWatch,
     Routes,
@@ -54,6 +59,7 @@ class StreamRoute:
                        ) -> Response:
         routes, headers = self.routes, request.headers
         began = time.perf_counter()
+        job = None
         try:
             key = routes.check_head(principal, headers)
             after = resume_point(framing, headers.get("last-event-id"),
@@ -63,10 +69,9 @@ class StreamRoute:
                                "Idempotency-Key, with the same body")
             body = await read_body(headers, request.stream(), self.limits.max_body_bytes)
             # Its mark, which its parts carry: its key (the door numbers a keyed stream's
-            # parts under it), or a name of its own. Not traced (yet): a part's spans would
-            # each read as a request's.
+            # parts under it), or a name of its own. Its span is its own (`job.trace`).
             job = routes.job_of(principal, headers, body, key, self.limits)._replace(
-                stream=key if key is not None else os.urandom(8).hex(), trace=None)
+                stream=key if key is not None else os.urandom(8).hex())
             opened = await routes.core.status(
                 StatusCall.STREAM, job.stream, int(principal.tier), principal.account,
                 principal.key, job.model, job.sticky, len(job.texts),
@@ -74,21 +79,31 @@ class StreamRoute:
         except Exception as exc:  # translated at the boundary, never a traceback
             err = to_api_error(exc)
             response = error_response(err.code, err.message, err.headers)
-            routes.record_later(principal.tier.label, response.status_code,
-                                time.perf_counter() - began, ())
+            self._refused(job, headers, principal, response.status_code, began)
             return response
         if opened[0] == "no":
             _, status, refused, refusal_headers = opened
-            routes.record_later(principal.tier.label, status, time.perf_counter() - began, ())
+            self._refused(job, headers, principal, status, began)
             return Response(refused, status_code=status, media_type="application/json",
                             headers=dict(refusal_headers))
         _, version, workers = opened
         window = WINDOW_BATCHES * MAX_BATCH * max(workers, 1)
-        run = StreamRun(routes.core, job._replace(model=version or job.model), framing,
-                        window, after, time.perf_counter)
-        return StreamResponse(run, framing, lambda: self._ended(run, principal, began))
+        run = StreamRun(routes.core, job._replace(model=version or job.model, trace=None),
+                        framing, window, after, time.perf_counter)
+        return StreamResponse(run, framing,
+                              lambda: self._ended(run, job, headers, principal, began))
 
-    def _ended(self, run: StreamRun, principal: Principal, began: float) -> None:
+    def _refused(self, job: Job | None, headers: Mapping[str, str], principal: Principal,
+                 status: int, began: float) -> None:
+        """A stream refused before it began: counted, and its span (once its job was
+        made) ended, as a plain request's."""
+        elapsed = time.perf_counter() - began
+        self.routes.record_later(principal.tier.label, status, elapsed, ())
+        if job is not None and job.trace is not None:
+            self.routes.traced(job, headers, status, elapsed, more={"batchgate.stream": True})
+
+    def _ended(self, run: StreamRun, job: Job, headers: Mapping[str, str],
+               principal: Principal, began: float) -> None:
         """A stream is over: the door forgets what it did not send, and its figures are
         counted, as any request's and its own."""
         mark = run.mark
@@ -105,6 +120,10 @@ class StreamRoute:
             routes.access_log.put(dataclasses.replace(served, model=run.model or None))
         first = None if run.first_sent is None else run.first_sent - began
         routes.metrics.stream_done(tier, first, elapsed, run.finished)
+        if job.trace is not None:
+            routes.traced(job, headers, 200, elapsed, run.model or "", more={
+                "batchgate.stream": True, "batchgate.stream.inputs": len(job.texts),
+                "batchgate.stream.finished": run.finished})
 
 
     async def _forgotten(self, mark: str) -> None:

@@ -189,3 +189,31 @@ async def test_a_single_process_starts_a_trace_for_a_request_that_brought_none(
     assert (batch.process, batch.parent) == ("server", request.span_id)
     (run,) = [s for s in spans if s.name == "worker.run"]
     assert (run.process, run.parent) == ("worker", batch.span_id)
+
+
+async def test_a_stream_is_one_request_span_and_its_parts_make_none(tmp_path: Path) -> None:
+    args = [*patient_keys(tmp_path), "--gateways", "2"]
+    streamed = {**PAID, "traceparent": HEADER, "Accept": "application/x-ndjson"}
+    later = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # a plain request's
+    with receiving() as otlp, running_server(
+            workers=1, args=[*args, "--otlp-endpoint", otlp.url], env=SOON) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+            answer = await client.post("/v1/batchstring", json={"inputs": ["a", "bc", "def"]},
+                                       headers=streamed)
+            assert answer.status_code == 200
+            assert [line for line in answer.text.splitlines() if '"output"' in line]
+            plain = await client.post("/v1/batchstring", json={"input": "plain"},
+                                      headers={**PAID, "traceparent": later})
+            assert plain.status_code == 200
+        # The plain request's batch span comes from the core after any of the stream's parts.
+        spans = await otlp.wait_for(lambda got: any(
+            s.name == "batch" and s.trace_id == later.split("-")[1] for s in got))
+
+    stream = [s for s in spans if s.trace_id == TRACE_ID]
+    (request,) = stream
+    assert (request.name, request.process, request.parent) == (
+        "POST /v1/batchstring", "gateway", CALLER_SPAN)
+    assert {k: v for k, v in request.attributes.items() if k.startswith("batchgate.stream")} \
+        == {"batchgate.stream": True, "batchgate.stream.inputs": 3,
+            "batchgate.stream.finished": True}
+    assert request.attributes["http.response.status_code"] == 200
