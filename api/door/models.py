@@ -155,10 +155,16 @@ class ModelsAdmin:
         check_change(self._cores.catalogue, catalogue)
         check_fits(catalogue, self._workers, self._most)
 
-    def _apply(self, catalogue: Catalogue, name: str) -> Answer:
+    def _apply(self, catalogue: Catalogue, name: str,
+               keep: Callable[[], None] | None = None) -> Answer:
+        """Serve `catalogue`, changed in `name`, once the change is kept (`keep`; by
+        default the admin's change recorded over the file)."""
         self._check(catalogue)
         try:  # kept before it is served: a change served is a change that lasts
-            self._overrides.record(self._cores.catalogue, catalogue, name)
+            if keep is None:
+                self._overrides.record(self._cores.catalogue, catalogue, name)
+            else:
+                keep()
         except OSError as exc:
             log.error("an admin change to %s was not kept, nothing changed: %s", name, exc)
             return _refuse("change_not_kept", f"the change could not be kept ({exc}); "
@@ -174,16 +180,7 @@ class ModelsAdmin:
         if name not in served.models or file is None or name not in file.models:
             raise LookupError(f"no model {name!r} in the catalogue")
         catalogue = Catalogue({**served.models, name: file.models[name]})
-        self._check(catalogue)
-        try:  # as `_apply`: kept before it is served
-            self._overrides.forget(name)
-        except OSError as exc:
-            log.error("the admin's changes to %s were not dropped, nothing changed: %s",
-                      name, exc)
-            return _refuse("change_not_kept", f"the change could not be kept ({exc}); "
-                           "nothing changed")
-        self._serve(catalogue)
-        return 200, self.view()
+        return self._apply(catalogue, name, lambda: self._overrides.forget(name))
 
     def _serve(self, catalogue: Catalogue) -> None:
         cores = self._cores
