@@ -10,7 +10,8 @@
 - `api.door`: the door, the keyed path, the service that builds the core, the local route;
 - `api.gateway`: a cell's gateway process and the link's frames (no core loaded);
 - `api.cell`: the core process of a cell, its gateways and the link's core end;
-- `api.plan`, `api.cli`.
+- `api.plan`, `api.cli`, and `api.stopped` (Ctrl-C before a server takes it; the entry,
+  `api.__main__.main`, installs it first).
 
 The Python client lives in api/client/ but is no room of api: it is a distribution of its
 own (`batchgate_client`, httpx and the standard library only), which never installs the server.

@@ -39,11 +39,10 @@ from api.config import (
     load_keys,
     settings_from,
 )
+from api.stopped import PROG, say_stopped, stop_now
 
 if TYPE_CHECKING:
     from gpu_pool import CellIdentity
-
-PROG = "batchgate"
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -148,25 +147,6 @@ def check_port(host: str, port: int, flag: str = "--port") -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; stop "
                              f"what holds it (ss -ltnp 'sport = :{port}'), or pass another "
                              f"{flag}") from None
-
-
-def stop_now(sig: int, frame: object) -> None:
-    """Ctrl-C before a server handles it (uvicorn's, from the first step of its task:
-    `api.http.DrainingServer.serve`; a cell's supervisor's loop handlers): nothing is
-    started yet, so the process ends here with its line. Not a KeyboardInterrupt: one
-    raised in a weakref callback or a finalizer (the imports and the building of a server
-    run many) is printed and ignored, and the start went on to serve (the start-up's
-    Ctrl-C test caught it: 'Exception ignored in ... KeyboardInterrupt', then 'Application
-    startup complete'). The signal is ignored first: a second Ctrl-C landing while the line
-    is written would write it again, into the middle of the first."""
-    signal.signal(sig, signal.SIG_IGN)
-    say_stopped(sig)
-    sys.stderr.flush()
-    os._exit(128 + sig)
-
-
-def say_stopped(sig: int) -> None:
-    print(f"{PROG}: stopped by {signal.Signals(sig).name}", file=sys.stderr)
 
 
 def interrupted(sig: int) -> int:

@@ -8,7 +8,8 @@ import importlib
 
 from tests.imports import MODULES, PACKAGES, PRODUCT, graph, imports_of, package_of
 
-ROOM_MODULES = {"api.errors", "api.plan", "api.cli"}  # a room of api/ that is one module
+# A room of api/ that is one module.
+ROOM_MODULES = {"api.errors", "api.plan", "api.cli", "api.stopped"}
 OPTIONAL = {"gpu_pool.ray_pool"}  # loads Ray: imported by name, only where Ray is wanted
 
 

@@ -11,7 +11,7 @@ A signal while the lifespan still starts (the models loading) has nothing to dra
 start is cancelled at once (the lifespan's task: the pool's own clean-up stops the workers;
 one made but not yet run, a loop pass later, once it has), `run` returns and `interrupted`
 names the signal; the lifespan's cancellation is not reported as a failure.
-Until the first step of `serve`, Ctrl-C is the command line's (`api.cli.stop_now`: nothing
+Until the first step of `serve`, Ctrl-C is the command line's (`api.stopped.stop_now`: nothing
 is started yet); from there uvicorn's, as it hands it back to Python's own handler.
 """
 

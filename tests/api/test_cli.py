@@ -185,3 +185,34 @@ def test_a_second_ctrl_c_while_the_first_stops_the_start_writes_nothing_more() -
     assert "not stopped" not in done.stdout, done.stderr
     assert (done.returncode, done.stderr) == (
         128 + signal.SIGINT, "batchgate: stopped by SIGINT\n"), done.stderr
+
+
+CTRL_C_WHILE_IMPORTING = """
+import os, signal, sys
+
+
+class Pressed:  # Ctrl-C while the server's modules are imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "api.config":
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100_000):  # a handler of it would run in here
+                pass
+        return None
+
+
+sys.meta_path.insert(0, Pressed())
+from api.__main__ import main
+
+sys.argv = ["batchgate", "serve", "--model", "sim", "--port", "1"]
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_line_imports_the_server_is_its_line() -> None:
+    """The entry takes Ctrl-C over before the server's modules load (~0.1 s of imports):
+    before, Python's KeyboardInterrupt printed a traceback from inside an import."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_WHILE_IMPORTING],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True,
+                          timeout=60)
+    assert (done.returncode, done.stderr) == (
+        128 + signal.SIGINT, "batchgate: stopped by SIGINT\n"), done.stderr

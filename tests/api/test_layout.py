@@ -27,8 +27,9 @@ ALLOWED = {  # room -> the rooms of api/ it may import
     "gateway": {"http", "oip", "stream", "config", "errors", "metrics"},
     "cell": {"door", "gateway", "http", "oip", "config", "errors", "metrics", "kept"},
     "plan": {"config"},
-    "cli": {"cell", "door", "http", "config", "errors", "plan"},
-    "__main__": {"cli"},
+    "stopped": set(),
+    "cli": {"cell", "door", "http", "config", "errors", "plan", "stopped"},
+    "__main__": {"cli", "stopped"},
 }
 CORE = ("failover", "gpu_pool", "torch")
 
