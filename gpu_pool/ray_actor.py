@@ -24,6 +24,9 @@ no core came back for it) kills itself, and its GPU is free again.
 
 Its owner may `park` it, idle (weights to host memory, the process kept), and `wake` it
 (weights back on its device), as the process worker parks (`gpu_pool.protocol.Park`).
+
+A traced batch makes "worker.run" spans as the process worker's do (`gpu_pool.worker.RunSpans`),
+sent where its owner said when it claimed the actor: a later core may trace elsewhere, or not.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import ray
@@ -41,7 +45,7 @@ import ray
 from gpu_pool.memory import resident_bytes
 from gpu_pool.models import HOST, BatchModel, move
 from gpu_pool.protocol import Err, Ok, Ready, Run, Wake
-from gpu_pool.worker import WorkerConfig, load_worker, run_batch
+from gpu_pool.worker import RunSpans, WorkerConfig, load_worker, run_batch
 from gpu_pool.worker import wake as wake_model
 
 # One thread waits in the owner's sentinel, one runs batches; the others take a new owner's
@@ -93,6 +97,9 @@ class BatchActor:
         self._running = threading.Lock()  # one batch at a time, whoever sent it
         self._model: BatchModel | None = None
         self._ready: Ready | None = None
+        self._tracing = threading.Lock()
+        self._spans: RunSpans | None = None  # the owner's, made at its claim
+        self._traced_to: str | None = None
         self._renewed = time.monotonic()
         if lease is not None:  # from its creation on: its creator may die before a claim
             threading.Thread(target=self._expire, args=(lease,), daemon=True).start()
@@ -115,10 +122,12 @@ class BatchActor:
 
     def claim(
         self, owner: Owner, config: WorkerConfig, also: frozenset[WorkerConfig] = frozenset(),
+        otlp_endpoint: str | None = None,
     ) -> Claim:
         """Make the actor `owner`'s, loaded and idle, if it holds `config` or one of `also`
         (an earlier core's may hold another version than the slot's first); raises
-        `Refused` if it cannot be."""
+        `Refused` if it cannot be. `otlp_endpoint`: where the spans of the owner's traced
+        batches go (None: it makes none)."""
         with self._owned:
             if owner.incarnation < self._owner.incarnation:
                 raise Refused(f"owned by incarnation {self._owner.incarnation}")
@@ -127,10 +136,22 @@ class BatchActor:
             self._owner = owner
             self._renewed = time.monotonic()
             self._owned.notify_all()  # the superseded owner's sentinel answers
+        self._trace_to(otlp_endpoint)
         ready = self._load()
         with self._running:  # a batch the superseded owner left running ends first
             pass
         return Claim(ready, reused=owner != self._first_owner, config=self._config)
+
+    def _trace_to(self, endpoint: str | None) -> None:
+        """The spans go to `endpoint` from now on; what the previous owner's runs left to
+        send is flushed to its own."""
+        with self._tracing:
+            if endpoint == self._traced_to:
+                return
+            old, self._traced_to = self._spans, endpoint
+            self._spans = RunSpans.of(endpoint)
+        if old is not None:
+            old.close()
 
     def _load(self) -> Ready:
         with self._loading:  # a claim while the previous owner's load runs waits for it
@@ -149,7 +170,9 @@ class BatchActor:
                 return None
             if self._model is None:
                 raise RuntimeError("run before load")  # the pool never does this
-            reply = run_batch(self._model, msg, self._config.latency_floor)
+            run = partial(run_batch, self._model, floor=self._config.latency_floor)
+            spans = self._spans
+            reply = run(msg) if spans is None else spans.run(run, msg)
             return reply, resident_bytes(os.getpid())
 
     def park(self, owner: Owner) -> bool:

@@ -317,7 +317,8 @@ class RayPool(SlotPool[_Slot]):
             with anyio.fail_after(pool.ready_timeout):  # loading, or an old batch ending
                 claim = await (
                     actor.wake.remote(self._owner, self._settings.threads) if parked else
-                    actor.claim.remote(self._owner, config, frozenset(self._claimable)))
+                    actor.claim.remote(self._owner, config, frozenset(self._claimable),
+                                       self._settings.pool.otlp_endpoint))
         except TimeoutError:
             log.error("worker %s gave no READY in %.0fs; killing it", worker,
                       pool.ready_timeout)

@@ -44,6 +44,7 @@ class Lab:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+        os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "100")  # a traced actor's spans: 0.1 s
         self.cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 0, "_system_config": FAST_NODE_DEATH})
         self._nodes: dict[str, Any] = {}

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: pip install 'batchgate[ray]'")
 
 import gpu_pool.ray_pool
+from batcher.tracing import format_traceparent
 from gpu_pool import (
     DEFAULT_VERSION,
     BatchId,
@@ -29,18 +30,22 @@ from gpu_pool import (
 )
 from gpu_pool.ray_cluster import lost_nodes
 from gpu_pool.ray_pool import RayPool
+from tests.e2e.test_traces import receiving
 from tests.gpu_pool.test_pool import Events
 from tests.ray.lab import SLOT, Lab, kill_actor
 
 pytestmark = pytest.mark.anyio
+TRACE, ATTEMPT = 0x5EED, 0xA7
 
 
 @asynccontextmanager
 async def ray_pool(
     model: str, workers: int = 1, events: Events | None = None,
+    otlp_endpoint: str | None = None,
 ) -> AsyncIterator[tuple[RayPool, Events]]:
     events = events or Events()
-    base = PoolSettings(model=model, workers=workers, restart_backoff=0.05)
+    base = PoolSettings(model=model, workers=workers, restart_backoff=0.05,
+                        otlp_endpoint=otlp_endpoint)
     pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run, events)
@@ -60,6 +65,29 @@ async def test_an_actor_on_a_worker_node_answers_a_batch_in_order(lab: Lab) -> N
         (info,) = pool.workers()
         assert info.node in lab.worker_nodes() and info.state == "ready"
         assert info.batches == 1 and info.device == "cpu"
+
+
+async def test_a_traced_batch_sends_the_actors_worker_run_span_under_its_attempt(
+    lab: Lab,
+) -> None:
+    traced = Run(BatchId(1), ("ab", "cd"), None,
+                 (format_traceparent(TRACE, ATTEMPT), format_traceparent(TRACE + 1, ATTEMPT + 1)))
+    with receiving() as otlp:
+        async with ray_pool("sim", otlp_endpoint=otlp.url) as (pool, events):
+            (worker,) = events.ready
+            pool.send(worker, Run(BatchId(2), ("untraced",)))
+            await events.wait_for(lambda: len(events.replies) == 1)
+            pool.send(worker, traced)
+            await events.wait_for(lambda: len(events.replies) == 2)
+            (info,) = pool.workers()
+            spans = await otlp.wait_for(lambda got: len(got) >= 2)
+    assert [reply.outputs for _, reply in events.replies if isinstance(reply, Ok)] == \
+        [("decartnu",), ("ba", "dc")]
+    got = {(s.trace_id, s.parent) for s in spans}
+    assert got == {(f"{TRACE:032x}", f"{ATTEMPT:016x}"),
+                   (f"{TRACE + 1:032x}", f"{ATTEMPT + 1:016x}")}  # none for the untraced
+    assert {(s.name, s.process, s.attributes["process.pid"], s.attributes["batchgate.batch_id"])
+            for s in spans} == {("worker.run", "worker", info.pid, 1)}
 
 
 async def test_the_contract_is_checked_and_a_model_error_leaves_the_actor_alive(
