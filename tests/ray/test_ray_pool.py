@@ -4,6 +4,7 @@ reported once and repaired under a new id."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from batcher.tracing import format_traceparent
 from gpu_pool import (
     DEFAULT_VERSION,
     BatchId,
+    CellIdentity,
     Err,
     Ok,
     Origin,
@@ -41,12 +43,12 @@ TRACE, ATTEMPT = 0x5EED, 0xA7
 @asynccontextmanager
 async def ray_pool(
     model: str, workers: int = 1, events: Events | None = None,
-    otlp_endpoint: str | None = None,
+    otlp_endpoint: str | None = None, cell: CellIdentity | None = None,
 ) -> AsyncIterator[tuple[RayPool, Events]]:
     events = events or Events()
     base = PoolSettings(model=model, workers=workers, restart_backoff=0.05,
                         otlp_endpoint=otlp_endpoint)
-    pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}))
+    pool = RayPool(RayPoolSettings(base, resources={SLOT: 1.0}, cell=cell))
     async with anyio.create_task_group() as tg:
         await tg.start(pool.run, events)
         await events.wait_for(lambda: len(events.ready) >= workers)
@@ -88,6 +90,29 @@ async def test_a_traced_batch_sends_the_actors_worker_run_span_under_its_attempt
                    (f"{TRACE + 1:032x}", f"{ATTEMPT + 1:016x}")}  # none for the untraced
     assert {(s.name, s.process, s.attributes["process.pid"], s.attributes["batchgate.batch_id"])
             for s in spans} == {("worker.run", "worker", info.pid, 1)}
+
+
+async def test_a_later_core_that_claims_the_actor_has_its_spans_sent_to_its_own_endpoint(
+    lab: Lab,
+) -> None:
+    cell, traced = f"t{secrets.token_hex(3)}", (format_traceparent(TRACE, ATTEMPT),)
+    with receiving() as first_otlp, receiving() as second_otlp:
+        async with ray_pool("sim", otlp_endpoint=first_otlp.url,
+                            cell=CellIdentity(cell, 1)) as (first, events):
+            (worker,) = events.ready
+            first.send(worker, Run(BatchId(1), ("a",), None, traced))
+            await events.wait_for(lambda: events.replies)
+            before = await first_otlp.wait_for(bool)
+            async with ray_pool("sim", otlp_endpoint=second_otlp.url,
+                                cell=CellIdentity(cell, 2)) as (second, events):
+                assert second.attached == 1  # the first core's actor, claimed
+                (worker,) = events.ready
+                second.send(worker, Run(BatchId(2), ("b",), None, traced))
+                await events.wait_for(lambda: events.replies)
+                after = await second_otlp.wait_for(bool)
+    assert [s.attributes["batchgate.batch_id"] for s in before] == [1]
+    assert [s.attributes["batchgate.batch_id"] for s in after] == [2]
+    assert len(first_otlp.spans) == 1  # nothing of the second core's went to the first's
 
 
 async def test_the_contract_is_checked_and_a_model_error_leaves_the_actor_alive(
