@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.error
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,10 +75,17 @@ class DeathRun:
 
 
 def worker_pids(url: str, workers: int) -> list[int]:
-    """The pids of the pool's workers once `workers` of them are up, sorted (bounded)."""
+    """The pids of the pool's workers once `workers` of them are up, sorted (bounded). A
+    gateway not yet linked to the restarted core answers 503: none of them is up to it yet
+    (`/readyz` was answered by another gateway of the cell)."""
     deadline = time.monotonic() + BOUND_S
     while True:
-        listed = admin_workers(url)["workers"]
+        try:
+            listed = admin_workers(url)["workers"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503:
+                raise
+            listed = []
         assert isinstance(listed, list)
         pids = sorted(int(w["pid"]) for w in listed if w["state"] in UP and w["pid"])
         if len(pids) >= workers or time.monotonic() > deadline:
